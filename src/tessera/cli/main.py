@@ -1,0 +1,27 @@
+"""The `tessera` command. Each layer adds its sub-command group here."""
+
+from __future__ import annotations
+
+import typer
+
+from tessera import __version__
+from tessera.cli.storage import app as storage_app
+
+app = typer.Typer(help="Tessera: train models on any compute, with data and checkpoints in object storage.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(storage_app, name="storage")
+
+
+@app.callback(invoke_without_command=True)
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+    if version:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

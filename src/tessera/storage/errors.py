@@ -1,0 +1,110 @@
+"""Storage errors users can catch, and the one place that maps backend exceptions onto them.
+
+Every error carries the URL it concerns, and its message names the likely fix, because the person
+reading it is usually looking at a training job that died far away from their laptop.
+"""
+
+from __future__ import annotations
+
+import errno
+import re
+
+_CRED_HINT = "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / S3_ENDPOINT_URL (or the store options)"
+
+
+class StorageError(Exception):
+    """Base class: something went wrong reading or writing `url`."""
+
+    def __init__(self, message: str, url: str = "") -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class InvalidURL(StorageError):
+    """A URL or key is malformed, unsupported, or tries to climb out of its root."""
+
+
+class NotFound(StorageError):
+    """The object does not exist."""
+
+
+class BucketNotFound(StorageError):
+    """The bucket (or container) does not exist."""
+
+
+class PermissionDenied(StorageError):
+    """Credentials are missing, wrong, or lack the needed permission."""
+
+
+class AlreadyExists(StorageError):
+    """A conditional write found the key already present."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional write lost a race (ETag changed)."""
+
+
+class TransientError(StorageError):
+    """A retryable failure (5xx, throttling, timeout, reset) that outlived the retry policy."""
+
+
+class IntegrityError(StorageError):
+    """Downloaded bytes do not match the expected size or hash."""
+
+
+_TRANSIENT_PATTERNS = re.compile(
+    r"(\b5\d\d\b|SlowDown|RequestTimeout|InternalError|ServiceUnavailable|timed? ?out|timeout|"
+    r"connection|reset|broken pipe|error sending request|error decoding response body|"
+    r"incomplete|unexpected eof|hyper|dns error)",
+    re.IGNORECASE,
+)
+
+
+_STATUS = re.compile(r"status code: (\d{3})")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True when retrying may succeed: throttling, 5xx, timeouts, dropped connections."""
+    if isinstance(exc, TransientError):
+        return True
+    if isinstance(exc, StorageError):
+        return False
+    if isinstance(exc, (TimeoutError, ConnectionError)):
+        return True
+    if isinstance(exc, OSError) and exc.errno in (errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT):
+        return True
+    name = type(exc).__name__
+    if name in ("GenericError", "BaseError") or name.endswith("IOError"):
+        text = str(exc)
+        status = _STATUS.search(text)
+        if status:  # the server answered: its status code decides
+            code = int(status.group(1))
+            return code >= 500 or code in (408, 429)
+        return bool(_TRANSIENT_PATTERNS.search(text))
+    return False
+
+
+def translate(exc: BaseException, url: str) -> StorageError:
+    """Turn a backend exception (obstore, OSError) into a StorageError subclass naming `url`."""
+    if isinstance(exc, StorageError):
+        return exc
+    text = str(exc)
+    first = text.splitlines()[0][:300] if text else type(exc).__name__
+    name = type(exc).__name__
+    if "NoSuchBucket" in text or "ContainerNotFound" in text:
+        return BucketNotFound(f"{url}: bucket does not exist; create it or fix the URL ({first})", url)
+    if name == "AlreadyExistsError" or isinstance(exc, FileExistsError):
+        return AlreadyExists(f"{url}: already exists", url)
+    if name == "PreconditionError":
+        return PreconditionFailed(f"{url}: conditional write failed: the object changed ({first})", url)
+    if name in ("PermissionDeniedError", "UnauthenticatedError") or isinstance(exc, PermissionError):
+        return PermissionDenied(f"{url}: access denied; {_CRED_HINT} ({first})", url)
+    if isinstance(exc, FileNotFoundError) or name == "NotFoundError":
+        return NotFound(f"{url}: no such object", url)
+    if name == "InvalidPathError":
+        return InvalidURL(f"{url}: invalid path ({first})", url)
+    if is_transient(exc):
+        return TransientError(f"{url}: transient failure persisted after retries ({first})", url)
+    if "403" in text or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text:
+        return PermissionDenied(f"{url}: access denied; {_CRED_HINT} ({first})", url)
+    return StorageError(f"{url}: {first}", url)
