@@ -1,0 +1,230 @@
+"""Stream weighting: how many samples each stream and each shard contributes to an epoch.
+
+Semantics follow MosaicML Streaming's `Stream(proportion=, repeat=, choose=)`:
+
+- Each stream sets at most one of ``proportion`` (relative), ``repeat`` or ``choose`` (absolute).
+- Relative weighting: every stream must give a ``proportion``. The epoch has ``epoch_size`` samples
+  (default: the total number of underlying samples); stream s gets ``floor(epoch_size * p_s / sum(p))``
+  and the few samples lost to rounding go, one each, to streams picked by a seed-keyed draw (fixed for the
+  run).
+- Absolute weighting: ``repeat=r`` takes ``floor(r * n_s)`` samples of a stream of n_s samples,
+  ``choose=c`` takes exactly c, and a stream with no weight takes each of its samples once. Absolute and
+  relative weights cannot be mixed, and ``epoch_size`` is only accepted with relative weights, or with no
+  weights at all (then streams are sampled in proportion to their size).
+- A stream taking ``c = q * n_s + r`` samples (``0 <= r < n_s``) takes every sample q times, plus a
+  uniformly random subset of r of its samples. Each shard therefore contributes q "full" units (the whole
+  shard) and, when r > 0, one "partial" unit: the shard's share of the subset.
+- ``sampling_method="balanced"`` (default) draws the r-subset afresh every epoch from a key including the
+  epoch; ``"fixed"`` draws it once per run, so every epoch sees the same samples.
+
+The subset is drawn without materialising it: the per-shard counts come from a multivariate
+hypergeometric split (O(shards)), and the samples of a shard's partial unit are the images of
+``0..count-1`` under a keyed permutation of the shard (`feistel_permute`). Unlike MosaicML there is no
+``sampling_granularity``: the subset is uniform at sample granularity.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tessera.stream.shuffle import (
+    TAG_REMAINDER_COUNTS,
+    TAG_REMAINDER_SUBSET,
+    TAG_STREAM_SHORTFALL,
+    derive_key,
+    feistel_permute,
+    hash_words,
+    philox,
+)
+
+SAMPLING_METHODS = ("balanced", "fixed")
+# numpy's hypergeometric sampler requires populations below 10**9; above that a normal approximation of
+# the same distribution is indistinguishable and stays within the exact bounds after clipping.
+_HYPERGEOMETRIC_LIMIT = 10**9 - 1
+
+
+@dataclass(frozen=True, eq=False)
+class StreamShards:
+    """One stream as the plan sees it: the sample count of each of its shards and its weight."""
+
+    shard_sizes: np.ndarray | Sequence[int]
+    proportion: float | None = None
+    repeat: float | None = None
+    choose: int | None = None
+    sizes: np.ndarray = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        sizes = np.asarray(self.shard_sizes, dtype=np.int64).reshape(-1)
+        if sizes.size and sizes.min() < 0:
+            raise ValueError("shard sample counts must be >= 0")
+        sizes.flags.writeable = False
+        object.__setattr__(self, "sizes", sizes)
+        given = [name for name in ("proportion", "repeat", "choose") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise ValueError(f"a stream takes at most one of proportion, repeat, choose; got {', '.join(given)}")
+        for name in ("proportion", "repeat"):
+            value = getattr(self, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.choose is not None and (int(self.choose) != self.choose or self.choose < 0):
+            raise ValueError(f"choose must be an integer >= 0, got {self.choose!r}")
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.sizes.sum())
+
+
+def resolve_choose(streams: Sequence[StreamShards], epoch_size: int | None, seed: int) -> np.ndarray:
+    """Samples each stream contributes to every epoch (int64 per stream), with the semantics above."""
+    if not streams:
+        raise ValueError("no streams given: the dataset is empty")
+    if epoch_size is not None and (int(epoch_size) != epoch_size or epoch_size <= 0):
+        raise ValueError(f"epoch_size must be a positive integer, got {epoch_size!r}")
+    totals = np.array([s.num_samples for s in streams], dtype=np.int64)
+    relative = [s.proportion is not None for s in streams]
+    unweighted = all(s.proportion is None and s.repeat is None and s.choose is None for s in streams)
+    if any(relative) and not all(relative):
+        first = relative.index(not relative[0])
+        raise ValueError(
+            f"stream {first}: proportion (relative) cannot be mixed with repeat/choose/no weight "
+            "(absolute); give every stream a proportion, or none of them")
+    if all(relative) or (unweighted and epoch_size is not None):
+        weights = (np.array([s.proportion for s in streams], dtype=np.float64) if all(relative)
+                   else totals.astype(np.float64))
+        if weights.sum() <= 0:
+            raise ValueError("stream proportions sum to 0: nothing to sample")
+        target = int(epoch_size) if epoch_size is not None else int(totals.sum())
+        choose = np.floor(target * (weights / weights.sum())).astype(np.int64)
+        shortfall = target - int(choose.sum())
+        if shortfall:
+            eligible = np.flatnonzero(weights > 0)
+            picks = philox(seed, TAG_STREAM_SHORTFALL).choice(eligible, shortfall, replace=False)
+            choose[picks] += 1
+    else:
+        if epoch_size is not None:
+            raise ValueError("epoch_size needs relative weights (proportion) or no weights; "
+                             "with repeat/choose the epoch size is their sum")
+        choose = np.empty(len(streams), dtype=np.int64)
+        for i, s in enumerate(streams):
+            if s.repeat is not None:
+                choose[i] = math.floor(s.repeat * totals[i])
+            elif s.choose is not None:
+                choose[i] = int(s.choose)
+            else:
+                choose[i] = totals[i]
+    empty = np.flatnonzero((totals == 0) & (choose > 0))
+    if empty.size:
+        raise ValueError(f"stream {int(empty[0])} has no samples but is weighted to give {int(choose[empty[0]])}")
+    if choose.sum() == 0:
+        raise ValueError("the weighted epoch is empty: no stream contributes any sample")
+    return choose
+
+
+def split_count(sizes: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-bucket counts of a uniform random `count`-subset of ``sum(sizes)`` items (O(buckets)).
+
+    A multivariate hypergeometric draw, done as a balanced binary tree of hypergeometric splits so that it
+    works for populations beyond numpy's 10**9 limit (there the split uses a clipped normal approximation).
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    prefix = np.concatenate([[0], np.cumsum(sizes)])
+    out = np.zeros(sizes.size, dtype=np.int64)
+    lo, hi, k = np.array([0]), np.array([sizes.size]), np.array([int(count)], dtype=np.int64)
+    while lo.size:
+        leaf = hi - lo == 1
+        out[lo[leaf]] = k[leaf]
+        lo, hi, k = lo[~leaf], hi[~leaf], k[~leaf]
+        if not lo.size:
+            break
+        mid = (lo + hi) // 2
+        good = prefix[mid] - prefix[lo]
+        bad = prefix[hi] - prefix[mid]
+        left = np.zeros_like(k)
+        small = (good + bad <= _HYPERGEOMETRIC_LIMIT) & (k > 0)
+        if small.any():
+            left[small] = rng.hypergeometric(good[small], bad[small], k[small])
+        big = (good + bad > _HYPERGEOMETRIC_LIMIT) & (k > 0)
+        if big.any():
+            g, b, kk = good[big].astype(float), bad[big].astype(float), k[big].astype(float)
+            total = g + b
+            mean = kk * g / total
+            var = kk * (g / total) * (b / total) * (total - kk) / (total - 1)
+            draw = np.rint(rng.normal(mean, np.sqrt(var))).astype(np.int64)
+            left[big] = np.clip(draw, np.maximum(0, k[big] - bad[big]), np.minimum(k[big], good[big]))
+        lo, hi, k = np.concatenate([lo, mid]), np.concatenate([mid, hi]), np.concatenate([left, k - left])
+    return out
+
+
+class UnitTable:
+    """The shards of all streams resolved into units (run-fixed identity, per-epoch sizes).
+
+    Global sample ids number the samples of all streams' shards in order: stream offset + shard offset
+    + index in shard. Shards are numbered the same way across streams. Unit u is shard
+    ``unit_shard[u]``, taken whole (``unit_partial[u]`` false) or as its share of the stream's random
+    remainder subset (true). Units of empty shards are omitted.
+    """
+
+    def __init__(self, streams: Sequence[StreamShards], choose: np.ndarray, seed: int, sampling_method: str):
+        if sampling_method not in SAMPLING_METHODS:
+            raise ValueError(f"sampling_method must be one of {SAMPLING_METHODS}, got {sampling_method!r}")
+        self.seed = int(seed)
+        self.sampling_method = sampling_method
+        self.choose = np.asarray(choose, dtype=np.int64)
+        self.shard_sizes = np.concatenate([s.sizes for s in streams]).astype(np.int64)
+        self.shard_base = np.concatenate([[0], np.cumsum(self.shard_sizes)[:-1]]).astype(np.int64)
+        self.stream_shard_start = np.concatenate([[0], np.cumsum([s.sizes.size for s in streams])]).astype(np.int64)
+        totals = np.array([s.num_samples for s in streams], dtype=np.int64)
+        safe = np.maximum(totals, 1)
+        self.stream_full = np.where(totals > 0, self.choose // safe, 0)
+        self.stream_remainder = np.where(totals > 0, self.choose % safe, 0)
+        counts_per_stream = np.diff(self.stream_shard_start)
+        shard_full = np.repeat(self.stream_full, counts_per_stream)
+        shard_has_partial = np.repeat(self.stream_remainder > 0, counts_per_stream)
+        units_per_shard = np.where(self.shard_sizes > 0, shard_full + shard_has_partial, 0)
+        self.unit_shard = np.repeat(np.arange(self.shard_sizes.size, dtype=np.int64), units_per_shard)
+        first_unit = np.concatenate([[0], np.cumsum(units_per_shard)[:-1]])
+        rep = np.arange(self.unit_shard.size, dtype=np.int64) - np.repeat(first_unit, units_per_shard)
+        self.unit_partial = rep == shard_full[self.unit_shard]
+        self._partial_shard_units = np.full(self.shard_sizes.size, -1, dtype=np.int64)
+        self._partial_shard_units[self.unit_shard[self.unit_partial]] = np.flatnonzero(self.unit_partial)
+
+    @property
+    def num_units(self) -> int:
+        return int(self.unit_shard.size)
+
+    @property
+    def num_samples(self) -> int:
+        """Underlying samples over all streams (the range of global sample ids)."""
+        return int(self.shard_sizes.sum())
+
+    def _sampling_epoch(self, epoch: int) -> int:
+        # "fixed" keys every draw by a constant in place of the epoch; epochs are >= 0, so no clash.
+        return epoch + 1 if self.sampling_method == "balanced" else 0
+
+    def unit_sizes(self, epoch: int) -> np.ndarray:
+        """Samples each unit contributes in `epoch` (partial units vary per epoch when balanced)."""
+        sizes = self.shard_sizes[self.unit_shard].copy()
+        word = self._sampling_epoch(epoch)
+        for s, remainder in enumerate(self.stream_remainder):
+            if remainder == 0:
+                continue
+            lo, hi = self.stream_shard_start[s], self.stream_shard_start[s + 1]
+            counts = split_count(self.shard_sizes[lo:hi], int(remainder), philox(self.seed, TAG_REMAINDER_COUNTS, word, s))
+            units = self._partial_shard_units[lo:hi]
+            has_unit = units >= 0
+            sizes[units[has_unit]] = counts[has_unit]
+        return sizes
+
+    def sample_in_shard(self, units: np.ndarray, offsets: np.ndarray, epoch: int) -> np.ndarray:
+        """Index inside its shard of the sample at `offsets` of each unit (offsets already ordered)."""
+        out = offsets.copy()
+        partial = self.unit_partial[units]
+        if partial.any():
+            shards = self.unit_shard[units[partial]]
+            key = hash_words(derive_key(self.seed, TAG_REMAINDER_SUBSET, self._sampling_epoch(epoch)), shards)
+            out[partial] = feistel_permute(offsets[partial], self.shard_sizes[shards], key)
+        return out

@@ -1,0 +1,190 @@
+"""Who reads which positions of an epoch's sequence S: ranks, nodes and DataLoader workers.
+
+Global batch t of a schedule is S[start + t*G : start + (t+1)*G] for every layout. Its positions are
+split among ranks by `rank_positions`, a pure function of (batch start, G, lanes, rank, world size, ranks
+per node); a rank's batches are split among its DataLoader workers round-robin (worker w of W serves the
+rank's batches t with t % W == w), which is the order in which a torch DataLoader reads them. Resuming is
+a new schedule whose `start` is the number of samples already consumed: O(1), whatever the position.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tessera.stream.plan import EpochPlan
+
+_CHUNK_SAMPLES = 16384  # samples computed per vectorised call when iterating a worker's batches
+
+
+@dataclass(frozen=True)
+class DeviceLayout:
+    """Where a reader sits: its rank among `world_size` (nodes of `ranks_per_node`) and its worker."""
+
+    world_size: int = 1
+    rank: int = 0
+    ranks_per_node: int | None = None  # None: one node
+    num_workers: int = 0  # DataLoader workers; 0 means the main process reads (one reader)
+    worker_id: int = 0
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"need 0 <= rank < world_size, got rank={self.rank}, world_size={self.world_size}")
+        per_node = self.world_size if self.ranks_per_node is None else self.ranks_per_node
+        if per_node < 1 or self.world_size % per_node:
+            raise ValueError(f"ranks_per_node={per_node} must divide world_size={self.world_size}")
+        if self.num_workers < 0 or not 0 <= self.worker_id < max(1, self.num_workers):
+            raise ValueError(f"need 0 <= worker_id < max(1, num_workers), got worker_id={self.worker_id}, "
+                             f"num_workers={self.num_workers}")
+
+    @property
+    def nodes(self) -> int:
+        return self.world_size // (self.ranks_per_node or self.world_size)
+
+
+class ShardNeed(NamedTuple):
+    """A shard a reader will need: at its `sample_index`-th sample from now, global position `position`."""
+
+    shard: int
+    sample_index: int
+    position: int
+
+
+def rank_positions(batch_start: np.ndarray | int, global_batch_size: int, num_lanes: int, rank: int,
+                   world_size: int, ranks_per_node: int | None = None) -> np.ndarray:
+    """Positions of S that `rank` serves from the global batches starting at `batch_start` (shape (..., G/W)).
+
+    With P nodes and ``c = gcd(P, L)``, position g belongs to lane group ``g % c`` (lane ``g % L`` has the
+    same residue mod c). The nodes p with ``p % c == x`` serve group x, splitting its positions of the batch
+    (in order) contiguously among their ranks. When P divides L (c = P) each node reads only the lanes
+    ``l % P == p``; when c = 1 this is the plain contiguous split. Each group holds exactly G/c positions of
+    any G consecutive ones because c divides P, which divides G. Positions past the end of S are the
+    caller's to drop.
+    """
+    per_node = ranks_per_node or world_size
+    if world_size % per_node or not 0 <= rank < world_size:
+        raise ValueError(f"need ranks_per_node ({per_node}) dividing world_size ({world_size}) and "
+                         f"0 <= rank ({rank}) < world_size")
+    if global_batch_size % world_size:
+        raise ValueError(f"global batch size {global_batch_size} is not divisible by world size {world_size}")
+    nodes = world_size // per_node
+    c = math.gcd(nodes, num_lanes)
+    per_rank = global_batch_size // world_size
+    node, local = divmod(rank, per_node)
+    group, member = node % c, (node // c) * per_node + local
+    start = np.asarray(batch_start, dtype=np.int64)
+    first = start + (group - start) % c
+    return first[..., None] + c * (member * per_rank + np.arange(per_rank, dtype=np.int64))
+
+
+
+
+class BatchSchedule:
+    """Global batches of S from position `start` on: batch t is S[start + t*G : start + (t+1)*G].
+
+    The last batch may be short (then some ranks get fewer samples, possibly none); callers that need equal
+    batches on every rank drop it or choose an epoch size that divides.
+    """
+
+    def __init__(self, plan: EpochPlan, global_batch_size: int, start: int = 0):
+        if int(global_batch_size) != global_batch_size or global_batch_size < 1:
+            raise ValueError(f"global batch size must be an integer >= 1, got {global_batch_size!r}")
+        if not 0 <= start <= len(plan):
+            raise ValueError(f"start={start} is outside the epoch of {len(plan)} samples")
+        self.plan, self.global_batch_size, self.start = plan, int(global_batch_size), int(start)
+        self.num_batches = -(-(len(plan) - self.start) // self.global_batch_size)
+
+    def samples_consumed(self, batches_done: int) -> int:
+        """Samples consumed in the epoch (for `PlanState`) once the first `batches_done` batches are read."""
+        return min(len(self.plan), self.start + batches_done * self.global_batch_size)
+
+    def global_positions(self, t: int) -> np.ndarray:
+        lo = self.start + t * self.global_batch_size
+        return np.arange(lo, min(lo + self.global_batch_size, len(self.plan)), dtype=np.int64)
+
+    def global_batch(self, t: int) -> np.ndarray:
+        return self.plan.samples_at(self.global_positions(t))
+
+    def positions_for(self, t: int | np.ndarray, rank: int, world_size: int,
+                      ranks_per_node: int | None = None) -> np.ndarray:
+        starts = self.start + np.asarray(t, dtype=np.int64) * self.global_batch_size
+        pos = rank_positions(starts, self.global_batch_size, self.plan.num_lanes, rank, world_size, ranks_per_node)
+        return pos[pos < len(self.plan)] if np.ndim(t) == 0 else pos
+
+    def samples_for(self, t: int, rank: int, world_size: int, ranks_per_node: int | None = None) -> np.ndarray:
+        return self.plan.samples_at(self.positions_for(t, rank, world_size, ranks_per_node))
+
+    def rank_num_samples(self, rank: int, world_size: int, ranks_per_node: int | None = None) -> int:
+        """Samples `rank` reads in this schedule (equal on every rank unless the last batch is short)."""
+        if self.num_batches == 0:
+            return 0
+        last = self.positions_for(self.num_batches - 1, rank, world_size, ranks_per_node).size
+        return (self.num_batches - 1) * (self.global_batch_size // world_size) + last
+
+    def worker_batch_indices(self, layout: DeviceLayout) -> range:
+        """Batches this worker serves: DataLoader workers take a rank's batches round-robin."""
+        readers = max(1, layout.num_workers)
+        return range(layout.worker_id, self.num_batches, readers)
+
+    def _worker_chunks(self, layout: DeviceLayout) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(batch indices, positions of shape (batches, G/W) with -1 past the end) in chunks."""
+        batches = self.worker_batch_indices(layout)
+        per_rank = self.global_batch_size // layout.world_size
+        step = max(1, _CHUNK_SAMPLES // max(1, per_rank))
+        for i in range(0, len(batches), step):
+            ts = np.asarray(batches[i:i + step], dtype=np.int64)
+            pos = self.positions_for(ts, layout.rank, layout.world_size, layout.ranks_per_node)
+            yield ts, np.where(pos < len(self.plan), pos, -1)
+
+    def check_layout(self, layout: DeviceLayout) -> None:
+        """Raise ValueError now (before any download) if `layout` cannot split this schedule's batches."""
+        if self.global_batch_size % layout.world_size:
+            raise ValueError(f"global batch size {self.global_batch_size} is not divisible by world size "
+                             f"{layout.world_size}; pick a global batch size that every world size you use divides")
+
+    def worker_batches(self, layout: DeviceLayout) -> Iterator[tuple[int, np.ndarray]]:
+        """Lazily yield (t, sample ids) for each non-empty rank batch this worker serves, in order."""
+        self.check_layout(layout)
+        return self._worker_batches(layout)
+
+    def _worker_batches(self, layout: DeviceLayout) -> Iterator[tuple[int, np.ndarray]]:
+        for ts, pos in self._worker_chunks(layout):
+            valid = pos >= 0
+            ids = np.full(pos.shape, -1, dtype=np.int64)
+            ids[valid] = self.plan.samples_at(pos[valid])
+            for t, row, ok in zip(ts.tolist(), ids, valid, strict=True):
+                if ok.any():
+                    yield t, row[ok]
+
+    def shard_order(self, layout: DeviceLayout, skip_samples: int = 0) -> Iterator[ShardNeed]:
+        """Lazily yield each shard this worker will still need, in order of first need.
+
+        `sample_index` counts this worker's samples from `skip_samples` on (the samples it has already
+        read), so a prefetcher can keep a window ahead and a cache can evict what is needed last.
+        """
+        self.check_layout(layout)
+        return self._shard_order(layout, skip_samples)
+
+    def _shard_order(self, layout: DeviceLayout, skip_samples: int) -> Iterator[ShardNeed]:
+        seen = np.zeros(self.plan.run.units.shard_sizes.size, dtype=bool)
+        index = 0
+        for _, pos in self._worker_chunks(layout):
+            flat = pos[pos >= 0]
+            lo = max(0, skip_samples - index)
+            index_base, index = index, index + flat.size
+            flat = flat[lo:]
+            if not flat.size:
+                continue
+            shards = self.plan.shards_at(flat)
+            uniq, first = np.unique(shards, return_index=True)
+            fresh = ~seen[uniq]
+            uniq, first = uniq[fresh], first[fresh]
+            seen[uniq] = True
+            for j in np.argsort(first, kind="stable"):
+                at = int(first[j])
+                yield ShardNeed(int(uniq[j]), index_base + lo + at - skip_samples, int(flat[at]))
