@@ -1,0 +1,15 @@
+"""Which sample goes where and when: deterministic, elastic, resumable streaming of MDS shards.
+
+`StreamingDataset` and `StreamingDataLoader` use MosaicML Streaming's parameter names; see
+docs/streaming.md for the differences. The order itself is a pure function (`plan`, `schedule`).
+"""
+
+from tessera.stream.cache import CacheLimitError, ShardCache
+from tessera.stream.dataset import StreamingDataset
+from tessera.stream.loader import StreamingDataLoader
+from tessera.stream.plan import EpochPlan, PlanConfig, PlanState, PlanStateMismatch, RunPlan
+from tessera.stream.streams import Stream
+from tessera.stream.world import World
+
+__all__ = ["CacheLimitError", "EpochPlan", "PlanConfig", "PlanState", "PlanStateMismatch", "RunPlan",
+           "ShardCache", "Stream", "StreamingDataLoader", "StreamingDataset", "World"]

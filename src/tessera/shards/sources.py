@@ -1,0 +1,219 @@
+"""Input readers for `convert`: JSONL, Parquet, CSV/TSV, text files and image folders.
+
+Each source splits its input into *chunks* that depend only on the input (files, row groups, fixed
+byte ranges snapped to line ends), never on the number of worker processes. Workers read chunks in
+parallel and the writer consumes them in chunk order, so the dataset is the same whatever N is.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+LINE_CHUNK = 16 << 20  # bytes of JSONL / text lines per chunk
+FILES_PER_CHUNK = 256  # text or image files per chunk
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+JPEG_SUFFIXES = {".jpg", ".jpeg"}
+FORMATS = ("jsonl", "parquet", "csv", "tsv", "text", "lines", "images")
+
+
+class SourceError(ValueError):
+    """The input cannot be read as the requested format; the message names the file and line."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One independently readable piece of the input (picklable, sent to worker processes)."""
+
+    kind: str
+    path: str
+    start: int = 0  # byte offset, row group, or index into `files`
+    stop: int = 0
+    files: tuple[str, ...] = ()
+    labels: tuple[int, ...] = ()
+
+
+def _files(root: Path, suffixes: set[str] | None = None) -> list[Path]:
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise SourceError(f"{root}: no such file or folder")
+    out = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
+           and (suffixes is None or p.suffix.lower() in suffixes)]
+    return sorted(out, key=lambda p: p.relative_to(root).as_posix())
+
+
+def detect_format(path: Path) -> str:
+    """Guess the input format from the file suffix, or from the folder's contents."""
+    files = _files(path)
+    if not files:
+        raise SourceError(f"{path}: no input files")
+    suffixes = {p.suffix.lower() for p in files}
+    if path.is_dir() and suffixes <= IMAGE_SUFFIXES and all(p.parent != path for p in files):
+        return "images"
+    for fmt, exts in (("jsonl", {".jsonl", ".json", ".ndjson"}), ("parquet", {".parquet"}),
+                      ("csv", {".csv"}), ("tsv", {".tsv"})):
+        if suffixes <= exts:
+            return fmt
+    return "text"
+
+
+def _line_chunks(path: Path, kind: str) -> list[Chunk]:
+    """Byte ranges of about LINE_CHUNK, each ending just after a newline (or at end of file)."""
+    size = path.stat().st_size
+    chunks, start = [], 0
+    with open(path, "rb") as f:
+        while start < size:
+            f.seek(min(start + LINE_CHUNK, size))
+            f.readline()
+            stop = min(f.tell(), size) if start + LINE_CHUNK < size else size
+            chunks.append(Chunk(kind, str(path), start, stop))
+            start = stop
+    return chunks
+
+
+def plan_chunks(path: str | Path, fmt: str) -> list[Chunk]:
+    """Split the input into chunks, in the order their samples appear in the dataset."""
+    root = Path(path)
+    if fmt not in FORMATS:
+        raise SourceError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
+    if fmt == "images":
+        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+        if not classes:
+            raise SourceError(f"{root}: an image folder needs one sub-folder per class")
+        files = [(f, label) for label, c in enumerate(classes) for f in _files(root / c, IMAGE_SUFFIXES)]
+        return [Chunk("images", str(root), files=tuple(str(f) for f, _ in files[i:i + FILES_PER_CHUNK]),
+                      labels=tuple(lab for _, lab in files[i:i + FILES_PER_CHUNK]))
+                for i in range(0, len(files), FILES_PER_CHUNK)]
+    files = _files(root)
+    if fmt == "text":
+        return [Chunk("text", str(root), files=tuple(str(f) for f in files[i:i + FILES_PER_CHUNK]))
+                for i in range(0, len(files), FILES_PER_CHUNK)]
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        return [Chunk("parquet", str(f), g, g + 1) for f in files for g in range(pq.ParquetFile(f).num_row_groups)]
+    if fmt in ("csv", "tsv"):
+        return [Chunk(fmt, str(f)) for f in files]
+    return [c for f in files for c in _line_chunks(f, fmt)]
+
+
+def _read_jsonl(chunk: Chunk) -> Iterator[dict[str, Any]]:
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.start)
+        data = f.read(chunk.stop - chunk.start)
+    for i, line in enumerate(data.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SourceError(f"{chunk.path}: bad JSON on line {i + 1} of the chunk starting at byte "
+                              f"{chunk.start}: {exc.msg}") from None
+        if not isinstance(obj, dict):
+            raise SourceError(f"{chunk.path}: each JSONL line must be an object, got {type(obj).__name__}")
+        yield obj
+
+
+def _read_parquet(chunk: Chunk) -> Iterator[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    table = pq.ParquetFile(chunk.path).read_row_group(chunk.start)
+    yield from table.to_pylist()
+
+
+def _read_csv(chunk: Chunk) -> Iterator[dict[str, Any]]:
+    with open(chunk.path, newline="", encoding="utf-8") as f:
+        yield from csv.DictReader(f, delimiter="\t" if chunk.kind == "tsv" else ",")
+
+
+def _read_lines(chunk: Chunk) -> Iterator[dict[str, Any]]:
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.start)
+        data = f.read(chunk.stop - chunk.start)
+    for line in io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline=None):
+        text = line.rstrip("\n")
+        if text:
+            yield {"text": text}
+
+
+def _read_text(chunk: Chunk) -> Iterator[dict[str, Any]]:
+    for f in chunk.files:
+        try:
+            text = Path(f).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"{f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        yield {"text": text}
+
+
+def _read_images(chunk: Chunk) -> Iterator[dict[str, Any]]:
+    from PIL import Image
+
+    for f, label in zip(chunk.files, chunk.labels, strict=True):
+        if Path(f).suffix.lower() in JPEG_SUFFIXES:
+            yield {"image": Path(f).read_bytes(), "label": label}  # the original JPEG bytes, as MDS does
+            continue
+        with Image.open(f) as im:
+            buf = io.BytesIO()
+            im.convert("RGB").save(buf, format="JPEG", quality=75)
+        yield {"image": buf.getvalue(), "label": label}
+
+
+READERS = {"jsonl": _read_jsonl, "parquet": _read_parquet, "csv": _read_csv, "tsv": _read_csv,
+           "lines": _read_lines, "text": _read_text, "images": _read_images}
+
+
+def read_chunk(chunk: Chunk) -> Iterator[dict[str, Any]]:
+    return READERS[chunk.kind](chunk)
+
+
+def infer_encoding(value: Any) -> str:
+    """The MDS encoding a value of this Python type naturally takes."""
+    if isinstance(value, bool):
+        return "uint8"
+    if isinstance(value, (int, np.integer)):
+        return "int64" if isinstance(value, np.integer) else "int"
+    if isinstance(value, (float, np.floating)):
+        return "float64"
+    if isinstance(value, str):
+        return "str"
+    if isinstance(value, (bytes, bytearray)):
+        return "bytes"
+    if isinstance(value, np.ndarray):
+        return f"ndarray:{value.dtype.name}:{','.join(map(str, value.shape))}"
+    return "json"
+
+
+def infer_columns(first: dict[str, Any], fmt: str) -> dict[str, str]:
+    """Encodings for each column from the first sample (images: jpeg + int label)."""
+    if fmt == "images":
+        return {"image": "jpeg", "label": "int"}
+    return {name: infer_encoding(value) for name, value in first.items()}
+
+
+def parse_columns(text: str) -> dict[str, str]:
+    """'text:str,label:int' -> {'text': 'str', 'label': 'int'}; errors name the bad item."""
+    out: dict[str, str] = {}
+    # Split on commas that start a new NAME: so 'tokens:ndarray:uint16:2,3' keeps its shape.
+    for item in filter(None, (p.strip() for p in re.split(r",(?=\s*[A-Za-z_][\w.\-]*:)", text))):
+        name, sep, enc = item.partition(":")
+        if not sep or not name or not enc:
+            raise SourceError(f"--columns item {item!r} must be NAME:ENCODING")
+        out[name] = enc
+    if not out:
+        raise SourceError("--columns is empty")
+    return out
+
+
+def describe_chunks(chunks: list[Chunk]) -> str:
+    files = {c.path for c in chunks} | {f for c in chunks for f in c.files}
+    return f"{len(chunks)} chunk(s) from {len(files)} file(s)"
+

@@ -1,0 +1,237 @@
+"""The node-local shard cache: downloads, pins and eviction, coordinated only through the cache folder.
+
+Several ranks, DataLoader workers and even unrelated jobs may share one cache folder. They coordinate
+with `flock`ed files under `<cache>/.tessera/` and atomic renames, never shared memory:
+- one exclusive lock per shard serialises its download (others wait, then find it present);
+- a reader holds a shared lock on the shard's pin file, and eviction only removes a shard whose pin
+  it can lock exclusively without waiting, so a shard being read is never evicted;
+- one exclusive lock on the cache makes "measure usage, evict, reserve" a single step;
+- the kernel drops every lock of a process that dies, so `kill -9` leaves nothing that blocks.
+A file is valid only next to a stamp naming the index entry it was downloaded for: when the remote
+index changes, a cached shard whose entry changed is fetched again instead of being served stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import xxhash
+
+from tessera.shards.compression import parse_compression
+from tessera.shards.index import ShardEntry
+from tessera.storage import IntegrityError, Store, download_from, hash_file
+from tessera.storage.local import is_temp_name, temp_path_for
+
+META_DIR = ".tessera"
+INDEX_NAME = "index.json"
+
+
+class CacheLimitError(RuntimeError):
+    """The cache limit is too small to hold what training needs at once."""
+
+
+def entry_stamp(entry: ShardEntry) -> str:
+    """A short fingerprint of a shard's index entry: changes whenever its bytes may have changed."""
+    return xxhash.xxh64(json.dumps(entry.to_json(), sort_keys=True).encode()).hexdigest()
+
+
+@contextlib.contextmanager
+def flocked(path: Path, mode: int) -> Iterator[int]:
+    """Hold flock(mode) on `path` (created if needed) for the duration of the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@dataclass
+class CacheStats:
+    """Counters for the per-stage breakdown users can print."""
+
+    downloads: int = 0
+    bytes_downloaded: int = 0
+    download_seconds: float = 0.0
+    decompress_seconds: float = 0.0
+    evictions: int = 0
+    hits: int = 0
+
+
+class ShardCache:
+    """Shards of one dataset (one stream/split) under `root`, fetched from `remote` on demand.
+
+    With `remote=None` the folder *is* the dataset: nothing is downloaded and nothing is ever evicted
+    (it has no other copy).
+    """
+
+    def __init__(self, root: str | Path, remote: Store | None, *, cache_limit: int | None = None,
+                 validate_hash: str | None = None, keep_zip: bool = False,
+                 peer_roots: list[Path] | None = None) -> None:
+        self.root = Path(root)
+        self.remote = remote
+        self.cache_limit = cache_limit if remote is not None else None
+        self.validate_hash = validate_hash
+        self.keep_zip = keep_zip
+        # Every stream's folder: `cache_limit` bounds their sum, and any of them may be evicted from.
+        self.peer_roots = [Path(p) for p in peer_roots] if peer_roots else [self.root]
+        self.meta = self.root / META_DIR
+        self.stats = CacheStats()
+
+    # paths -------------------------------------------------------------------------------
+    def path(self, entry: ShardEntry) -> Path:
+        return self.root / entry.raw_data.basename
+
+    def _stamp_path(self, basename: str, root: Path | None = None) -> Path:
+        return (root or self.root) / META_DIR / "stamps" / (basename.replace("/", "__") + ".stamp")
+
+    def _lock_path(self, basename: str, kind: str, root: Path | None = None) -> Path:
+        return (root or self.root) / META_DIR / "locks" / f"{basename.replace('/', '__')}.{kind}"
+
+    # queries -----------------------------------------------------------------------------
+    def is_ready(self, entry: ShardEntry) -> bool:
+        """The raw shard is present and was downloaded for exactly this index entry."""
+        path = self.path(entry)
+        if self.remote is None:
+            return path.exists()
+        try:
+            if path.stat().st_size != entry.raw_data.bytes:
+                return False
+            return self._stamp_path(entry.raw_data.basename).read_text() == entry_stamp(entry)
+        except FileNotFoundError:
+            return False
+
+    # fetching ----------------------------------------------------------------------------
+    def fetch(self, entry: ShardEntry, rank_of: Callable[[Path], float] | None = None) -> Path:
+        """Make the raw shard present locally and return its path (idempotent, process-safe)."""
+        if self.is_ready(entry):
+            self.stats.hits += 1
+            return self.path(entry)
+        if self.remote is None:
+            raise FileNotFoundError(f"{self.path(entry)}: shard missing and no remote to fetch it from")
+        with flocked(self._lock_path(entry.raw_data.basename, "dl"), fcntl.LOCK_EX):
+            if self.is_ready(entry):  # another process fetched it while we waited
+                return self.path(entry)
+            self.make_room(entry.raw_data.bytes + (entry.zip_data.bytes if entry.zip_data else 0), rank_of)
+            self._download(entry)
+        return self.path(entry)
+
+    def _download(self, entry: ShardEntry) -> None:
+        stored = entry.stored
+        dest = self.root / stored.basename
+        want = None
+        if self.validate_hash:
+            digest = stored.hashes.get(self.validate_hash)
+            if digest is None:
+                raise IntegrityError(f"{stored.basename}: index has no {self.validate_hash} hash to validate")
+            want = (self.validate_hash, digest)
+        t0 = time.perf_counter()
+        download_from(self.remote, stored.basename, dest, size=stored.bytes, hash=want)  # type: ignore[arg-type]
+        self.stats.download_seconds += time.perf_counter() - t0
+        self.stats.downloads += 1
+        self.stats.bytes_downloaded += stored.bytes
+        if entry.zip_data is not None:
+            self._decompress(entry, dest)
+        stamp = self._stamp_path(entry.raw_data.basename)
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        tmp = temp_path_for(stamp)
+        tmp.write_text(entry_stamp(entry))
+        os.replace(tmp, stamp)
+
+    def _decompress(self, entry: ShardEntry, zip_path: Path) -> None:
+        t0 = time.perf_counter()
+        codec = parse_compression(entry.compression)
+        raw = codec.decompress(zip_path.read_bytes())  # type: ignore[union-attr]
+        if len(raw) != entry.raw_data.bytes:
+            raise IntegrityError(f"{zip_path}: decompressed to {len(raw)} bytes, index says "
+                                 f"{entry.raw_data.bytes}")
+        out = self.path(entry)
+        tmp = temp_path_for(out)
+        tmp.write_bytes(raw)
+        os.replace(tmp, out)
+        if not self.keep_zip:
+            zip_path.unlink(missing_ok=True)
+        self.stats.decompress_seconds += time.perf_counter() - t0
+
+    def verify(self, entry: ShardEntry, algo: str) -> None:
+        """Check a cached raw shard against the index hash (used when validate_hash is set)."""
+        want = entry.raw_data.hashes.get(algo)
+        if want and hash_file(self.path(entry), algo) != want:
+            raise IntegrityError(f"{self.path(entry)}: {algo} mismatch with index.json")
+
+    # pins and eviction -------------------------------------------------------------------
+    @contextlib.contextmanager
+    def pinned(self, entry: ShardEntry) -> Iterator[None]:
+        """Hold a shared pin: eviction skips this shard until the block ends."""
+        if self.remote is None:
+            yield
+            return
+        with flocked(self._lock_path(entry.raw_data.basename, "pin"), fcntl.LOCK_SH):
+            yield
+
+    def _shard_files(self) -> list[tuple[Path, Path]]:
+        """(root, file) for every cached shard file under every peer root."""
+        out = []
+        for root in self.peer_roots:
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = [d for d in dirnames if d != META_DIR]
+                out.extend((root, Path(dirpath, name)) for name in filenames
+                           if name != INDEX_NAME and not is_temp_name(name))
+        return out
+
+    def usage(self) -> int:
+        """Bytes of shard files in the cache (temp files of in-flight downloads excluded)."""
+        total = 0
+        for _, path in self._shard_files():
+            with contextlib.suppress(FileNotFoundError):
+                total += path.stat().st_size
+        return total
+
+    def make_room(self, need: int, rank_of: Callable[[Path], float] | None = None) -> None:
+        """Evict unpinned shards, needed-last first, until `need` more bytes fit under the limit."""
+        if self.cache_limit is None:
+            return
+        if need > self.cache_limit:
+            raise CacheLimitError(f"cache_limit {self.cache_limit} bytes cannot hold one shard of {need} "
+                                  f"bytes; raise cache_limit")
+        with flocked(self.peer_roots[0] / META_DIR / "cache.lock", fcntl.LOCK_EX):
+            files = self._shard_files()
+            used = sum(p.stat().st_size for _, p in files if p.exists())
+            rank = rank_of or (lambda _path: math.inf)
+            # Highest rank = needed furthest in the future (inf: not needed again this epoch): evict first.
+            for root, path in sorted(files, key=lambda rp: rank(rp[1]), reverse=True):
+                if used + need <= self.cache_limit:
+                    return
+                used -= self._try_evict(root, path)
+        # Everything left is pinned by readers: go on one shard over the limit rather than deadlock;
+        # the documented bound is cache_limit plus one in-flight shard per downloader.
+
+    def _try_evict(self, root: Path, path: Path) -> int:
+        basename = path.relative_to(root).as_posix()
+        lock = self._lock_path(basename, "pin", root)
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return 0  # someone is reading it
+            try:
+                size = path.stat().st_size
+                self._stamp_path(basename, root).unlink(missing_ok=True)  # invalid first, then gone
+                path.unlink()
+            except FileNotFoundError:
+                return 0
+            self.stats.evictions += 1
+            return size
+        finally:
+            os.close(fd)

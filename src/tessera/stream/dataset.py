@@ -1,0 +1,305 @@
+"""`StreamingDataset`: MDS shards from any bucket into PyTorch, deterministic, elastic and resumable.
+
+Parameter names follow MosaicML Streaming so switching is an import change (differences:
+docs/streaming.md). The sample order is owned by the pure epoch plan (`plan.py`, `schedule.py`); this
+module only does I/O around it: which shard to fetch next, reading samples, and the resume state.
+
+Global batch t of an epoch is S[start + t*G : start + (t+1)*G] with G = batch_size * data-parallel
+ranks, whatever the number of nodes, ranks or DataLoader workers. The last global batch is completed
+by wrapping around to the start of S (counted in `padding`), so every rank gets the same number of
+samples and DDP never waits on a rank that ran out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch.utils.data import IterableDataset
+
+from tessera.shards.reader import ShardReader
+from tessera.shards.sizes import parse_size
+from tessera.stream.cache import CacheLimitError
+from tessera.stream.plan import PlanConfig, PlanState, RunPlan
+from tessera.stream.prefetch import Prefetcher
+from tessera.stream.schedule import BatchSchedule, DeviceLayout, rank_positions
+from tessera.stream.state import StageTimes, check_resume_state, make_state
+from tessera.stream.streams import LoadedStream, Stream, load_stream, local_root_of
+from tessera.stream.world import World
+
+OPEN_READERS = 8  # shards kept memory-mapped (and pinned against eviction) per reader process
+
+
+class StreamingDataset(IterableDataset):
+    """Stream one or more MDS datasets; see the module docstring and docs/streaming.md."""
+
+    def __init__(self, *, streams: Sequence[Stream] | None = None, remote: str | None = None,
+                 local: str | None = None, split: str | None = None, download_retry: int = 2,
+                 download_timeout: float = 60.0, validate_hash: str | None = None, keep_zip: bool = False,
+                 epoch_size: int | str | None = None, predownload: int | None = None,
+                 cache_limit: int | str | None = None, sampling_method: str = "balanced",
+                 sampling_granularity: int = 1, partition_algo: str = "orig",
+                 num_canonical_nodes: int | None = None, batch_size: int | None = None, shuffle: bool = False,
+                 shuffle_algo: str = "py1e", shuffle_seed: int = 9176, shuffle_block_size: int | None = None,
+                 batching_method: str = "random", allow_unsafe_types: bool = False,
+                 replication: int | None = None, columns: Sequence[str] | None = None) -> None:
+        if streams and (remote is not None or local is not None):
+            raise ValueError("pass either streams=[...] or remote/local, not both")
+        if sampling_granularity != 1:
+            raise NotImplementedError("sampling_granularity other than 1 is not supported (docs/streaming.md)")
+        if batching_method != "random":
+            raise NotImplementedError(f"batching_method={batching_method!r} is not supported yet; only 'random'")
+        if partition_algo not in ("orig", "relaxed"):
+            raise ValueError(f"unknown partition_algo {partition_algo!r}")
+        specs = list(streams) if streams else [Stream(remote=remote, local=local, split=split)]
+        for spec in specs:
+            if spec.split is None and split is not None:
+                spec.split = split
+        self.batch_size = int(batch_size or 1)
+        self.replication = int(replication or 1)
+        self.predownload = predownload
+        self.columns = list(columns) if columns else None
+        self.allow_unsafe_types = allow_unsafe_types
+        self.cache_limit = parse_size(cache_limit) if cache_limit is not None else None
+        world = World.from_env()
+        self._check_world(world)
+        roots = [local_root_of(s) for s in specs]
+        self.streams: list[LoadedStream] = [
+            load_stream(s, download_retry=download_retry, download_timeout=download_timeout,
+                        validate_hash=validate_hash, keep_zip=keep_zip, cache_limit=self.cache_limit,
+                        peer_roots=roots) for s in specs]
+        self._check_cache_limit()
+        self._check_safety()
+        self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
+        sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
+        self._shard_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        lanes = num_canonical_nodes or 64 * world.num_nodes
+        self._config = PlanConfig(seed=shuffle_seed, num_lanes=lanes, shuffle=shuffle, shuffle_algo=shuffle_algo,
+                                  shuffle_block_size=shuffle_block_size,
+                                  epoch_size=parse_size(epoch_size) if epoch_size is not None else None,
+                                  sampling_method=sampling_method,
+                                  dataset_fingerprint=":".join(st.fingerprint for st in self.streams))
+        self._run = RunPlan([st.shards() for st in self.streams], self._config)
+        self._epoch = 0
+        self._resume: PlanState | None = None
+        self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
+        self.stage_times = StageTimes()
+
+    # --- checks -----------------------------------------------------------------------------------
+    def _check_world(self, world: World) -> None:
+        if world.world_size % self.replication:
+            raise ValueError(f"replication={self.replication} does not divide world size {world.world_size}")
+
+    def _check_cache_limit(self) -> None:
+        if self.cache_limit is None:
+            return
+        biggest = max((e.raw_data.bytes + (e.zip_data.bytes if e.zip_data else 0)
+                       for st in self.streams for e in st.entries), default=0)
+        if self.cache_limit < 2 * biggest:
+            raise CacheLimitError(f"cache_limit={self.cache_limit} bytes is below twice the largest shard "
+                                  f"({biggest} bytes, raw + compressed): training could not make progress; "
+                                  f"raise cache_limit to at least {2 * biggest}")
+
+    def _check_safety(self) -> None:
+        if self.allow_unsafe_types:
+            return
+        for st in self.streams:
+            for entry in st.entries[:1]:
+                for name, enc in zip(entry.column_names, entry.column_encodings, strict=True):
+                    if enc == "pkl" and (self.columns is None or name in self.columns):
+                        raise ValueError(f"{st.label}: column {name!r} is pkl (unpickling runs code from the "
+                                         "data); pass allow_unsafe_types=True if you trust it")
+
+    # --- sizes --------------------------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        """Samples stored in all streams (before weighting): the range of `ds[i]`."""
+        return int(self._shard_base[-1])
+
+    @property
+    def size(self) -> int:
+        """Samples in one epoch after stream weighting (MosaicML's `size`)."""
+        return int(self._run.epoch(self._epoch).size)
+
+    def _layout(self, world: World) -> DeviceLayout:
+        r = self.replication
+        per_node = world.local_world_size // r if world.local_world_size % r == 0 else None
+        return DeviceLayout(world_size=world.world_size // r, rank=world.rank // r,
+                            ranks_per_node=per_node if per_node else None,
+                            num_workers=world.num_workers if world.num_workers > 1 else 0,
+                            worker_id=world.worker_id)
+
+    def global_batch_size(self, world: World | None = None) -> int:
+        world = world or World.from_env()
+        return self.batch_size * (world.world_size // self.replication)
+
+    def __len__(self) -> int:
+        """Samples this rank reads in one epoch (every rank reads the same number)."""
+        world = World.from_env()
+        G = self.global_batch_size(world)
+        n = len(self._run.epoch(self._epoch))
+        return math.ceil(n / G) * self.batch_size
+
+    # --- random access --------------------------------------------------------------------------------
+    def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        shard = np.searchsorted(self._shard_base, ids, side="right") - 1
+        return shard, ids - self._shard_base[shard]
+
+    def _path(self, shard: int) -> Path:
+        si, sh = self._entries[shard]
+        return self.streams[si].cache.path(self.streams[si].entries[sh])
+
+    def _fetch(self, shard: int, rank_of: Any = None) -> Path:
+        si, sh = self._entries[shard]
+        return self.streams[si].cache.fetch(self.streams[si].entries[sh], rank_of)
+
+    def _reader(self, shard: int, prefetcher: Prefetcher | None = None) -> ShardReader:
+        hit = self._readers.get(shard)
+        if hit is not None:
+            self._readers.move_to_end(shard)
+            return hit[0]
+        t0 = time.perf_counter()
+        path = (prefetcher.wait_for(shard) if prefetcher else None) or self._fetch(
+            shard, prefetcher.rank if prefetcher else None)
+        si, sh = self._entries[shard]
+        pin = self.streams[si].cache.pinned(self.streams[si].entries[sh])
+        pin.__enter__()
+        reader = self.streams[si].open_reader(sh, path, self.columns, self.allow_unsafe_types)
+        self.stage_times.wait += time.perf_counter() - t0
+        self._readers[shard] = (reader, pin)
+        while len(self._readers) > OPEN_READERS:
+            _, (old, old_pin) = self._readers.popitem(last=False)
+            old.close()
+            old_pin.__exit__(None, None, None)
+        return reader
+
+    def _close_readers(self) -> None:
+        while self._readers:
+            _, (reader, pin) = self._readers.popitem()
+            reader.close()
+            pin.__exit__(None, None, None)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"sample {index} is outside [0, {self.num_samples})")
+        shard, local = self._locate(np.array([index]))
+        return self._reader(int(shard[0])).get(int(local[0]))
+
+    # --- epochs and resumption --------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration serves (StreamingDataLoader calls this for you)."""
+        self._epoch = int(epoch)
+
+    def _begin(self) -> tuple[int, int]:
+        """(epoch, samples already consumed in it) for the iteration about to start."""
+        if self._resume is not None and self._resume.epoch == self._epoch:
+            return self._epoch, self._resume.samples_consumed
+        return self._epoch, 0
+
+    def state_dict(self, num_samples: int, from_beginning: bool = True) -> dict[str, Any]:
+        """Resume state after `num_samples` samples of the current epoch, counted over all ranks.
+
+        `from_beginning=False` counts from where this iteration resumed, as MosaicML Streaming does.
+        """
+        epoch, start = self._begin()
+        consumed = num_samples if from_beginning else start + num_samples
+        n = len(self._run.epoch(epoch))
+        return make_state(self._run, epoch, min(consumed, n))  # the wrapped tail counts as the end
+
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        """Continue the global order exactly where `obj` stopped, on any world size or worker count."""
+        state = check_resume_state(obj, self._config)
+        if state.num_lanes != self._config.num_lanes or state.block_size != self._config.block_size:
+            self._config = PlanConfig(**{**self._config.__dict__, "num_lanes": state.num_lanes,
+                                         "shuffle_block_size": state.block_size})
+            self._run = RunPlan([st.shards() for st in self.streams], self._config)
+        if not state.fingerprint:  # a MosaicML Streaming state: same data assumed, our fingerprint
+            state = dataclasses.replace(state, fingerprint=self._run.fingerprint)
+        self._run.check_state(state)
+        n = len(self._run.epoch(state.epoch))
+        if state.samples_consumed >= n:  # the epoch was finished: start the next one
+            self._epoch, self._resume = state.epoch + 1, None
+            return
+        self._epoch, self._resume = state.epoch, state
+
+    # --- iteration --------------------------------------------------------------------------------------
+    def _schedule(self) -> tuple[BatchSchedule, World, DeviceLayout]:
+        world = World.from_env()
+        self._check_world(world)
+        layout = self._layout(world)
+        epoch, start = self._begin()
+        sched = self._run.epoch(epoch).schedule(self.global_batch_size(world), start)
+        sched.check_layout(layout)
+        return sched, world, layout
+
+    def _batches(self, sched: BatchSchedule, layout: DeviceLayout) -> Iterator[tuple[int, np.ndarray]]:
+        """(t, sample ids) of each rank batch this reader serves; the last global batch wraps around."""
+        n, G = len(sched.plan), sched.global_batch_size
+        readers = max(1, layout.num_workers)
+        ts_all = range(layout.worker_id, sched.num_batches, readers)
+        step = max(1, 16384 // max(1, G // layout.world_size))
+        for i in range(0, len(ts_all), step):
+            ts = np.asarray(ts_all[i:i + step], dtype=np.int64)
+            pos = rank_positions(sched.start + ts * G, G, sched.plan.num_lanes, layout.rank, layout.world_size,
+                                 layout.ranks_per_node)
+            ids = sched.plan.samples_at((pos % n).reshape(-1)).reshape(pos.shape)
+            yield from zip(ts.tolist(), ids, strict=True)
+
+    def _prefetcher(self, sched: BatchSchedule, layout: DeviceLayout) -> Prefetcher:
+        window = self.predownload if self.predownload is not None else max(8 * self.batch_size, 512)
+        return Prefetcher(sched.shard_order(layout), self._fetch, self._path, window)
+
+    def _epoch_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray, Prefetcher]]:
+        """(shard ids, in-shard indices) per rank batch, with the prefetcher kept in step."""
+        sched, _, layout = self._schedule()
+        prefetcher = self._prefetcher(sched, layout)
+        done = 0
+        try:
+            for _, ids in self._batches(sched, layout):
+                shards, local = self._locate(ids)
+                yield shards, local, prefetcher
+                done += len(ids)
+                prefetcher.advance(done)
+        finally:
+            prefetcher.close()
+            self._close_readers()
+            if os.environ.get("TESSERA_STREAM_PROFILE"):
+                print(f"[tessera.stream] {self.stage_times.report(self.streams)}", file=sys.stderr)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for shards, local, prefetcher in self._epoch_batches():
+            t0 = time.perf_counter()
+            for shard, index in zip(shards.tolist(), local.tolist(), strict=True):
+                yield self._reader(shard, prefetcher).get(index)
+            self.stage_times.decode += time.perf_counter() - t0
+
+    def iter_batches(self) -> Iterator[dict[str, Any]]:
+        """Whole per-device batches: fixed-size columns stacked into arrays, others as lists."""
+        for shards, local, prefetcher in self._epoch_batches():
+            t0 = time.perf_counter()
+            yield self._gather(shards, local, prefetcher)
+            self.stage_times.decode += time.perf_counter() - t0
+
+    def _gather(self, shards: np.ndarray, local: np.ndarray, prefetcher: Prefetcher) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for shard in np.unique(shards).tolist():
+            rows = np.flatnonzero(shards == shard)
+            part = self._reader(shard, prefetcher).get_batch(local[rows])
+            for name, values in part.items():
+                if isinstance(values, np.ndarray):
+                    if name not in out:
+                        out[name] = np.empty((len(shards), *values.shape[1:]), dtype=values.dtype)
+                    out[name][rows] = values
+                else:
+                    slot = out.setdefault(name, [None] * len(shards))
+                    for r, v in zip(rows.tolist(), values, strict=True):
+                        slot[r] = v
+        return out

@@ -1,0 +1,77 @@
+"""Download shards ahead of the reader, in the order the epoch plan says they will be needed.
+
+The plan knows the future exactly, so prefetching is not a guess: a background thread walks the
+worker's upcoming shard needs and keeps up to `window` samples ahead of the reader with several
+concurrent downloads. The same knowledge ranks shards for eviction (needed last goes first).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from tessera.stream.schedule import ShardNeed
+
+
+class Prefetcher:
+    """Fetch shards from `needs` (in order) while they are within `window` samples of the reader."""
+
+    def __init__(self, needs: Iterator[ShardNeed], fetch: Callable[[int], Path], path_of: Callable[[int], Path],
+                 window: int, concurrency: int = 4) -> None:
+        self._needs = needs
+        self._fetch = fetch
+        self._path_of = path_of
+        self._window = max(1, window)
+        self._cond = threading.Condition()
+        self._position = 0  # samples the reader has consumed
+        self._stopped = False
+        self._next_need: dict[Path, int] = {}  # shard file -> sample index of its first need
+        self._futures: dict[int, Future[Path]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tessera-prefetch")
+        self._thread = threading.Thread(target=self._run, name="tessera-prefetch-plan", daemon=True)
+        self._thread.start()
+
+    def advance(self, position: int) -> None:
+        """The reader has consumed `position` samples; the prefetcher may move further ahead."""
+        with self._cond:
+            if position > self._position:
+                self._position = position
+                self._cond.notify_all()
+
+    def rank(self, path: Path) -> float:
+        """Eviction rank of a cached file: how far in the future it is needed (inf: not at all)."""
+        need = self._next_need.get(path)
+        return math.inf if need is None else float(max(0, need - self._position))
+
+    def wait_for(self, shard: int) -> Path | None:
+        """Block on the prefetch of `shard` if one is running; None if it was never started."""
+        future = self._futures.get(shard)
+        return future.result() if future is not None else None
+
+    def _run(self) -> None:
+        for need in self._needs:
+            with self._cond:
+                while not self._stopped and need.sample_index > self._position + self._window:
+                    self._cond.wait(timeout=1.0)
+                if self._stopped:
+                    return
+                self._next_need[self._path_of(need.shard)] = need.sample_index
+            self._futures[need.shard] = self._pool.submit(self._fetch, need.shard)
+            self._forget_done()
+
+    def _forget_done(self) -> None:
+        """Drop finished futures of shards the reader is past, so memory stays O(window)."""
+        if len(self._futures) < 256:
+            return
+        for shard, future in list(self._futures.items()):
+            if future.done():
+                del self._futures[shard]
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._pool.shutdown(wait=True, cancel_futures=True)

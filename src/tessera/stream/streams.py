@@ -1,0 +1,133 @@
+"""`Stream`: one MDS dataset in a mix, and what the dataset needs to know about it at start-up.
+
+Everything that can be wrong with a stream (no remote and no local data, a missing index, weights
+that do not mix) is found here, before a single shard is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import xxhash
+
+from tessera.shards.errors import DatasetNotFound
+from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
+from tessera.shards.reader import ShardReader
+from tessera.storage import NotFound, RetryPolicy, Store, open_store
+from tessera.storage.local import temp_path_for
+from tessera.stream.cache import ShardCache
+from tessera.stream.mixing import StreamShards
+
+
+@dataclass
+class Stream:
+    """One dataset of the mix, with MosaicML Streaming's parameter names.
+
+    `remote` is where the shards live (any storage URL, or None when `local` already holds them);
+    `local` is the cache folder (default: a folder under the system temp dir named after the remote).
+    At most one of `proportion`, `repeat`, `choose` weights the stream.
+    """
+
+    remote: str | None = None
+    local: str | None = None
+    split: str | None = None
+    proportion: float | None = None
+    repeat: float | None = None
+    choose: int | None = None
+    download_retry: int | None = None
+    download_timeout: float | None = None
+    validate_hash: str | None = None
+    keep_zip: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.remote is None and self.local is None:
+            raise ValueError("a Stream needs a remote URL, a local folder, or both")
+        given = [n for n in ("proportion", "repeat", "choose") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"a Stream takes at most one of proportion, repeat, choose; got {given}")
+
+
+def default_local(remote: str) -> str:
+    """A cache folder per remote, so two datasets never share shard names."""
+    digest = hashlib.sha1(remote.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "tessera-cache", digest)
+
+
+def local_root_of(spec: Stream) -> Path:
+    """The folder holding this stream's index.json and cached shards."""
+    local = Path(spec.local or default_local(spec.remote))  # type: ignore[arg-type]
+    return local / spec.split if spec.split else local
+
+
+@dataclass
+class LoadedStream:
+    """A stream after start-up: its index, its cache, and its place in the global sample space."""
+
+    spec: Stream
+    index: DatasetIndex
+    fingerprint: str
+    cache: ShardCache
+    local_root: Path
+    remote_store: Store | None
+    label: str
+    entries: list[ShardEntry] = field(default_factory=list)
+
+    def shards(self) -> StreamShards:
+        return StreamShards([e.samples for e in self.entries], proportion=self.spec.proportion,
+                            repeat=self.spec.repeat, choose=self.spec.choose)
+
+    def open_reader(self, shard: int, path: Path, columns: list[str] | None,
+                    allow_unsafe_types: bool) -> ShardReader:
+        entry = self.entries[shard]
+        label = (self.remote_store.url_for(entry.raw_data.basename) if self.remote_store
+                 else str(self.local_root / entry.raw_data.basename))
+        return ShardReader(path, entry, columns=columns, allow_unsafe_types=allow_unsafe_types, label=label,
+                           shard=shard)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(path)
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, validate_hash: str | None,
+                keep_zip: bool, cache_limit: int | None, peer_roots: list[Path]) -> LoadedStream:
+    """Fetch and validate the stream's index (fresh from the remote on every start) and set up its cache."""
+    retry = RetryPolicy(max_attempts=(spec.download_retry if spec.download_retry is not None
+                                      else download_retry) + 1,
+                        request_timeout=spec.download_timeout or download_timeout)
+    remote = None
+    if spec.remote is not None:
+        remote = open_store(spec.remote, retry=retry)
+        remote = remote.child(spec.split) if spec.split else remote
+    local_root = local_root_of(spec)
+    label = remote.url_for(INDEX_BASENAME) if remote else str(local_root / INDEX_BASENAME)
+    if remote is not None:
+        try:
+            raw = remote.get(INDEX_BASENAME)
+        except NotFound:
+            raise DatasetNotFound(f"{label}: no index.json; is the remote URL right, and was the dataset "
+                                  "written completely?") from None
+        _write_atomic(local_root / INDEX_BASENAME, raw)
+    else:
+        try:
+            raw = (local_root / INDEX_BASENAME).read_bytes()
+        except FileNotFoundError:
+            raise DatasetNotFound(f"{label}: no index.json and no remote to fetch it from") from None
+    index = DatasetIndex.from_json(raw, label)
+    formats = sorted({e.format for e in index.shards} - {"mds"})
+    if formats:
+        raise ValueError(f"{label}: streaming reads MDS shards; this dataset has {formats} shards "
+                         "(read those with tessera.shards.MDSDataset, or convert them)")
+    cache = ShardCache(local_root, remote, cache_limit=cache_limit,
+                       validate_hash=spec.validate_hash or validate_hash,
+                       keep_zip=spec.keep_zip if spec.keep_zip is not None else keep_zip,
+                       peer_roots=peer_roots)
+    return LoadedStream(spec, index, xxhash.xxh64(raw).hexdigest(), cache, local_root, remote, label,
+                        list(index.shards))
