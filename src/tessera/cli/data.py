@@ -1,0 +1,166 @@
+"""`tessera data convert|inspect|head|verify|repair`: make and check MDS datasets, local or in a bucket."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tessera.shards import MDSDataset, ShardError, repair_index
+from tessera.shards.convert import convert as run_convert
+from tessera.shards.dataset import open_dataset_store, read_index
+from tessera.shards.sources import FORMATS, SourceError, parse_columns
+from tessera.shards.verify import verify_dataset
+from tessera.storage import StorageError
+
+app = typer.Typer(help="Convert data to MDS shards and inspect, verify or repair datasets.", no_args_is_help=True)
+out = Console()
+err = Console(stderr=True)
+ERRORS = (ShardError, StorageError, SourceError, ValueError, FileNotFoundError)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(1)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+@app.command()
+def convert(input: str = typer.Argument(..., help="File or folder to convert."),
+            out_url: str = typer.Argument(..., metavar="OUT", help="Output folder or bucket URL."),
+            fmt: str = typer.Option(None, "--format", help=f"Input format: {', '.join(FORMATS)} (guessed)."),
+            columns: str = typer.Option(None, help="NAME:ENCODING,... (inferred from the first sample)."),
+            compression: str = typer.Option(None, help="e.g. zstd, zstd:7, br, gz, bz2, snappy."),
+            hashes: str = typer.Option(None, help="Comma-separated hash algorithms, e.g. xxh64,sha1."),
+            size_limit: str = typer.Option("64mb", help="Shard size limit (bytes or 64mb)."),
+            workers: int = typer.Option(1, help="Processes that read and parse the input."),
+            mode: str = typer.Option("create", help="create | append | resume | overwrite."),
+            text_field: str = typer.Option(None, help="Keep only this field (as 'text')."),
+            as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Convert JSONL, Parquet, CSV/TSV, text files or an image folder to an MDS dataset."""
+    try:
+        cols = parse_columns(columns) if columns else None
+        algos = [h.strip() for h in hashes.split(",")] if hashes else None
+        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err) as bar:
+            task = bar.add_task("converting (chunks)", total=None, rate="")
+
+            def progress(samples: int, chunks: int) -> None:
+                secs = max(bar.tasks[0].elapsed or 1e-9, 1e-9)
+                bar.update(task, completed=chunks, rate=f"{samples:,} samples, {samples / secs:,.0f}/s")
+
+            summary = run_convert(input, out_url, fmt=fmt, columns=cols, compression=compression, hashes=algos,
+                                  size_limit=size_limit, workers=workers, mode=mode, text_field=text_field,
+                                  progress=progress)
+    except ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps({**summary.__dict__, "samples_per_second": summary.samples_per_second,
+                               "mb_per_second": summary.mb_per_second}))
+        return
+    err.print("columns: " + ", ".join(f"{k}:{v}" for k, v in summary.columns.items()))
+    err.print(f"wrote {summary.samples:,} samples in {summary.shards} shards to {summary.out}: "
+              f"{_mb(summary.raw_bytes)} raw, {_mb(summary.stored_bytes)} stored, {summary.seconds:.1f}s "
+              f"({summary.samples_per_second:,.0f} samples/s, {summary.mb_per_second:,.1f} MB/s)")
+
+
+def _describe(url: str, split: str | None) -> dict[str, Any]:
+    store = open_dataset_store(url, split)
+    index = read_index(store)
+    raw = sum(e.raw_data.bytes for e in index.shards)
+    stored = sum(e.stored.bytes for e in index.shards)
+    first = index.shards[0] if index.shards else None
+    return {
+        "url": store.url, "samples": index.num_samples, "shards": len(index.shards),
+        "columns": dict(zip(first.column_names, first.column_encodings, strict=True)) if first else {},
+        "formats": dict(Counter(e.format for e in index.shards)),
+        "compression": sorted({e.compression or "none" for e in index.shards}),
+        "hashes": sorted({h for e in index.shards for h in e.hashes}),
+        "raw_bytes": raw, "stored_bytes": stored, "compression_ratio": raw / stored if stored else 1.0,
+        "extensions": sorted(index.extensions),
+    }
+
+
+@app.command()
+def inspect(url: str, split: str = typer.Option(None, help="Sub-folder holding the split's index.json."),
+            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+    """Samples, shards, columns and encodings, raw and stored bytes, compression ratio."""
+    try:
+        info = _describe(url, split)
+    except ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(info))
+        return
+    table = Table(title=info["url"], show_header=False)
+    for key in ("samples", "shards", "compression", "hashes"):
+        table.add_row(key, f"{info[key]:,}" if isinstance(info[key], int) else ", ".join(info[key]) or "-")
+    table.add_row("columns", ", ".join(f"{k}: {v}" for k, v in info["columns"].items()))
+    table.add_row("raw / stored", f"{_mb(info['raw_bytes'])} / {_mb(info['stored_bytes'])} "
+                                  f"(ratio {info['compression_ratio']:.2f})")
+    out.print(table)
+
+
+def _show(value: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return f"ndarray{list(value.shape)} {value.dtype} {np.array2string(value.reshape(-1)[:8], separator=',')}..."
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    if isinstance(value, str) and len(value) > 200:
+        return value[:200] + "..."
+    if hasattr(value, "size") and hasattr(value, "mode"):
+        return f"<image {value.mode} {value.size[0]}x{value.size[1]}>"
+    return value.item() if isinstance(value, np.generic) else value
+
+
+@app.command()
+def head(url: str, n: int = typer.Option(5, "-n", help="How many samples."),
+         split: str = typer.Option(None), allow_unsafe_types: bool = typer.Option(False)) -> None:
+    """Print the first N samples."""
+    try:
+        ds = MDSDataset(url, split, allow_unsafe_types=allow_unsafe_types)
+        for i in range(min(n, len(ds))):
+            typer.echo(json.dumps({k: _show(v) for k, v in ds[i].items()}, default=str))
+    except ERRORS as exc:
+        _fail(exc)
+
+
+@app.command()
+def verify(url: str, split: str = typer.Option(None), quick: bool = typer.Option(
+        False, help="Check sizes, hashes and headers only; do not decode every sample."),
+        allow_unsafe_types: bool = typer.Option(False)) -> None:
+    """Check every shard's size, hashes and structure; exit 1 and list each problem if any."""
+    with Progress(console=err, transient=True) as bar:
+        task = bar.add_task("verifying shards", total=None)
+        report = verify_dataset(url, split, decode=not quick, allow_unsafe_types=allow_unsafe_types,
+                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+    for problem in report.problems:
+        err.print(f"[red]problem:[/red] {problem}")
+    if not report.ok:
+        err.print(f"{len(report.problems)} problem(s) in {report.url}")
+        raise typer.Exit(1)
+    err.print(f"ok: {report.shards} shards, {report.samples:,} samples in {report.url}")
+
+
+@app.command()
+def repair(url: str, split: str = typer.Option(None), overwrite: bool = typer.Option(
+        False, help="Replace an existing index.json."), skip_bad: bool = typer.Option(
+        False, help="Leave out shards that fail validation."), dry_run: bool = typer.Option(False)) -> None:
+    """Rebuild a lost index.json from the shard files (each shard embeds its config)."""
+    try:
+        report = repair_index(url, split, overwrite=overwrite, skip_bad=skip_bad, dry_run=dry_run)
+    except ERRORS as exc:
+        _fail(exc)
+    for name, why in report.skipped:
+        err.print(f"[yellow]skipped[/yellow] {name}: {why}")
+    verb = "rebuilt" if report.written else "would write"
+    err.print(f"{verb} index.json: {len(report.index.shards)} shards, {report.index.num_samples:,} samples")
