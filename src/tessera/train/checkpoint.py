@@ -1,0 +1,467 @@
+"""Checkpoints in any bucket: async save, upload, manifest, pointer, retention, autoresume.
+
+This module owns the whole checkpoint life cycle (STYLE.md: one owner per concern). The torch side
+(state layout, RNG, DCP) lives in `checkpoint_io`, the folder layout and manifest in `manifest`.
+
+    ckpt = CheckpointManager("s3://bucket/runs/{run_name}/checkpoints", run_name="gpt-125m", num_to_keep=3)
+    state = ckpt.autoresume(model=model, optimizers=[opt])        # None on a fresh run
+    if state is not None:
+        apply_state(state, model, [opt], [sched], scaler)
+        timestamp = Timestamp.from_state_dict(state["timestamp"])
+    ...
+    ckpt.save(capture_state(model, [opt], [sched], scaler, timestamp=ts, dataloader=loader.state_dict()), ts)
+    ...
+    ckpt.wait()                                                   # before exiting
+
+Save, per rank: `save` copies the state to host memory and returns; one background thread writes the
+files to a local staging folder (DCP for sharded states), uploads them through `open_store`, and writes
+`rank{R}.done.json` listing them. Rank 0 then waits for every rank's done file (by polling the store,
+no barrier), confirms every file with a listing, writes `manifest.json`, confirms it, and only then
+points `latest` at the new folder. Retention runs last. At most one save is in flight: `save` first
+waits for the previous one and re-raises its error, as does `wait`.
+
+Load: the pointer's target first, then every other folder newest first. A candidate is used only if
+its manifest exists and every file it names has the right size and xxh64 hash; otherwise a
+`CheckpointWarning` names the folder and the reason, and the previous one is tried. Under several
+ranks, rank 0 picks the candidates and all ranks agree (all_reduce) before loading, so every rank
+resumes from the same checkpoint.
+
+Elastic resume: non-sharded states are world-size free; sharded ones are resharded by DCP into the
+current model (pass `model=` and `optimizers=` to load). Ranks beyond the saved world size get the saved
+rank-0 dataloader state and an RNG state derived from rank 0's (`derive_rng_state`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+import warnings
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tessera.storage import StorageError, Store, open_store
+from tessera.train.checkpoint_io import (
+    apply_state,
+    capture_rng_state,
+    capture_state,
+    derive_rng_state,
+    has_dtensor,
+    read_state,
+    restore_rng_state,
+    stage_to_host,
+    write_state_files,
+)
+from tessera.train.manifest import (
+    DCP_DIR,
+    MANIFEST,
+    META,
+    MODEL,
+    POINTER,
+    TRAIN_STATE,
+    CheckpointCorrupt,
+    CheckpointError,
+    CheckpointManifest,
+    CheckpointNotFound,
+    ManifestEntry,
+    checkpoint_name,
+    commit,
+    done_file,
+    fetch,
+    is_checkpoint_name,
+    list_checkpoints,
+    make_done,
+    meta_json,
+    name_order,
+    newest_first,
+    prune,
+    rank_file,
+    read_pointer,
+    upload_folder,
+    wait_for_ranks,
+)
+from tessera.train.time import Timestamp
+
+__all__ = [
+    "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointManager", "CheckpointManifest",
+    "CheckpointNotFound", "CheckpointWarning", "ManifestEntry", "apply_state", "capture_rng_state",
+    "capture_state", "checkpoint_name", "derive_rng_state", "restore_rng_state",
+]
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (partial, damaged or missing) and an older one is used instead."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What `on_saved` callbacks receive once a rank's part of a save is done.
+
+    On rank 0 `committed` is True (manifest and pointer written) and `files` lists every rank's files;
+    on other ranks it lists this rank's uploads. Callbacks run on the background save thread.
+    """
+
+    name: str
+    url: str
+    timestamp: Timestamp
+    rank: int
+    committed: bool
+    files: tuple[ManifestEntry, ...]
+    bytes: int
+    stall_seconds: float
+    write_seconds: float
+    deleted: tuple[str, ...] = ()
+
+
+@dataclass
+class _SaveJob:
+    name: str
+    timestamp: Timestamp
+    sharded: bool
+    nonce: str
+    files: dict[str, Any]
+    dcp: dict[str, Any] | None
+    meta: bytes | None
+    stall_seconds: float = 0.0
+
+
+@dataclass
+class _Fetched:
+    name: str
+    url: str
+    manifest: CheckpointManifest
+    local: Path
+    own_rank_file: str | None
+
+
+class CheckpointManager:
+    """Saves, uploads, commits, prunes and loads the checkpoints of one run (module docstring).
+
+    `save_folder`: any `open_store` URL or local path; "{run_name}" in it is replaced by `run_name`
+    (default: the RUN_NAME environment variable). `num_to_keep`: committed checkpoints kept in the
+    store (None keeps all); `keep_every_n`: also keep those whose batch count is a multiple of it (by
+    batch, so the choice is stable across restarts). `sharded`: None saves through DCP when the state
+    holds DTensors (FSDP2), True always, False never. `allow_pickle`: load files holding arbitrary
+    Python objects (only from buckets you trust); by default only tensors and plain containers load.
+    `store` overrides the store opened from `save_folder`.
+
+    Under torch.distributed, every rank constructs the manager (it creates a gloo group of its own and
+    agrees on a save id), and calls `save`, `autoresume` and `load` at the same points.
+    """
+
+    def __init__(self, save_folder: str | os.PathLike[str], run_name: str | None = None, *,
+                 num_to_keep: int | None = None, keep_every_n: int | None = None, async_save: bool = True,
+                 sharded: bool | None = None, on_saved: Callable[[CheckpointInfo], None] | None = None,
+                 store: Store | None = None, staging_dir: str | os.PathLike[str] | None = None,
+                 allow_pickle: bool = False, commit_timeout: float = 1800.0) -> None:
+        if num_to_keep is not None and num_to_keep < 1:
+            raise ValueError(f"num_to_keep must be >= 1 or None (keep all), got {num_to_keep}")
+        if keep_every_n is not None and keep_every_n < 1:
+            raise ValueError(f"keep_every_n must be >= 1 or None, got {keep_every_n}")
+        self.run_name = run_name or os.environ.get("RUN_NAME", "")
+        folder = os.fspath(save_folder)
+        if "{run_name}" in folder and not self.run_name:
+            raise ValueError(f"save_folder {folder!r} contains {{run_name}}, but no run_name was given "
+                             f"and RUN_NAME is not set")
+        self.save_folder = folder.replace("{run_name}", self.run_name)
+        self.store = store if store is not None else open_store(self.save_folder)
+        self.num_to_keep, self.keep_every_n = num_to_keep, keep_every_n
+        self.async_save, self.sharded, self.allow_pickle = async_save, sharded, allow_pickle
+        self.staging_dir = None if staging_dir is None else os.fspath(staging_dir)
+        self.commit_timeout = commit_timeout
+        self.callbacks: list[Callable[[CheckpointInfo], None]] = [on_saved] if on_saved else []
+
+        import torch.distributed as dist
+
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        # A gloo group of our own: background DCP saves and load agreement never share a queue with
+        # the training loop's collectives (and work whatever the default backend is).
+        self._pg = dist.new_group(backend="gloo") if distributed and self.world_size > 1 else None
+        nonce = [uuid.uuid4().hex]
+        if self._pg is not None:
+            dist.broadcast_object_list(nonce, src=0, group=self._pg)
+        self._nonce, self._seq = nonce[0], 0
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-ckpt")
+        self._pending: Future[CheckpointInfo] | None = None
+        self._last_committed: str | None = None  # written by the save thread, read after wait()
+
+    # --- save ------------------------------------------------------------------------------------------
+
+    def save(self, state: dict[str, Any], timestamp: Timestamp | None = None) -> None:
+        """Stage `state` (see `capture_state`) in host memory, start writing it, and return.
+
+        Every rank calls this at the same step. Blocks only while a previous save is still in flight.
+        """
+        start = time.perf_counter()
+        self.wait()
+        if timestamp is None:
+            timestamp = Timestamp.from_state_dict(state["timestamp"])
+        sharded = self.sharded
+        if sharded is None:
+            sharded = bool(state.get("sharded")) or has_dtensor(state.get("model"))
+        name = checkpoint_name(timestamp)
+        if name == self._last_committed:  # e.g. an interval save and the final save on the same batch
+            log.debug("checkpoint %s is already saved; skipping", name)
+            return
+        files: dict[str, Any] = {rank_file(self.rank): {"rng": state.get("rng") or capture_rng_state(),
+                                                        "dataloader": state.get("dataloader")}}
+        meta = None
+        if self.rank == 0:
+            meta = meta_json(name, timestamp, self.world_size, sharded, state.get("config") or {})
+            train_state = {"schedulers": list(state.get("schedulers") or []), "scaler": state.get("scaler")}
+            if not sharded:
+                files[MODEL] = state["model"]
+                train_state["optimizers"] = list(state.get("optimizers") or [])
+            files[TRAIN_STATE] = train_state
+        dcp_state = {"model": state["model"], "optimizers": list(state.get("optimizers") or [])}
+        self._seq += 1
+        job = _SaveJob(name=name, timestamp=timestamp, sharded=sharded, nonce=f"{self._nonce}-{self._seq}",
+                       files=stage_to_host(files), dcp=stage_to_host(dcp_state) if sharded else None,
+                       meta=meta)
+        job.stall_seconds = time.perf_counter() - start
+        self._pending = self._pool.submit(self._write, job)
+        if not self.async_save:
+            self.wait()
+
+    def wait(self) -> CheckpointInfo | None:
+        """Block until the save in flight (if any) is done; re-raise its error."""
+        future, self._pending = self._pending, None
+        return None if future is None else future.result()
+
+    def close(self) -> None:
+        """Finish the save in flight and stop the background thread."""
+        try:
+            self.wait()
+        finally:
+            self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _write(self, job: _SaveJob) -> CheckpointInfo:
+        start = time.perf_counter()
+        folder = self.store.child(job.name)
+        if self.rank == 0:
+            folder.delete(MANIFEST)  # a stale folder of the same name is uncommitted before anything changes
+        local = Path(tempfile.mkdtemp(prefix=f"tessera-save-{job.name}-r{self.rank}-", dir=self.staging_dir))
+        try:
+            write_state_files(local, job.files, job.meta, job.dcp, self._pg)
+            job.files, job.dcp = {}, None  # release the staged copy before the upload
+            entries = upload_folder(folder, local)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)
+        deleted: tuple[str, ...] = ()
+        if self.rank == 0:
+            entries += wait_for_ranks(folder, job.nonce, range(1, self.world_size), self.commit_timeout)
+            manifest = CheckpointManifest(name=job.name, timestamp=job.timestamp.state_dict(),
+                                          world_size=self.world_size, sharded=job.sharded,
+                                          files=sorted(entries, key=lambda e: e.key))
+            commit(self.store, manifest)
+            entries = manifest.files
+            deleted = self._prune(job.name)
+        else:
+            folder.put(done_file(self.rank), make_done(job.nonce, entries))
+        info = CheckpointInfo(name=job.name, url=folder.url, timestamp=job.timestamp, rank=self.rank,
+                              committed=self.rank == 0, files=tuple(entries),
+                              bytes=sum(e.size for e in entries), stall_seconds=job.stall_seconds,
+                              write_seconds=time.perf_counter() - start, deleted=deleted)
+        self._last_committed = job.name
+        for callback in self.callbacks:
+            try:
+                callback(info)
+            except Exception:  # a failing observer must not fail the checkpoint
+                log.exception("on_saved callback %r failed for %s", callback, info.url)
+        return info
+
+    def _prune(self, current: str) -> tuple[str, ...]:
+        if self.num_to_keep is None:
+            return ()
+        try:
+            return prune(self.store, current, self.num_to_keep, self.keep_every_n)
+        except StorageError as exc:  # retention must not fail a committed save; the next save retries
+            log.warning("checkpoint retention in %s failed: %s", self.store.url, exc)
+            return ()
+
+    # --- load ------------------------------------------------------------------------------------------
+
+    def checkpoints(self) -> list[str]:
+        """Checkpoint folder names in the store, newest first (committed or not)."""
+        return newest_first(list_checkpoints(self.store))
+
+    def autoresume(self, *, model: torch.nn.Module | None = None,
+                   optimizers: Sequence[torch.optim.Optimizer] = (), weights_only: bool = False,
+                   strict: bool = True) -> dict[str, Any] | None:
+        """The newest valid checkpoint's state, or None when the store has no checkpoint at all.
+
+        Falls back past damaged ones with a `CheckpointWarning`; raises CheckpointCorrupt if checkpoints
+        exist but none is usable. Pass `model`/`optimizers` to reshard a sharded checkpoint into them.
+        """
+        self.wait()
+        return self._load_newest(self.store, model, optimizers, weights_only, strict)
+
+    def load(self, path: str | os.PathLike[str] | None = None, *, model: torch.nn.Module | None = None,
+             optimizers: Sequence[torch.optim.Optimizer] = (), weights_only: bool = False,
+             strict: bool = True) -> dict[str, Any]:
+        """Load one checkpoint and return its state (apply it with `apply_state`).
+
+        `path`: None = the newest valid checkpoint of this manager's folder; a name ("ep1-ba500") in
+        it; a URL or path to a checkpoint folder (ending in its name), loaded exactly, no fallback; or
+        a URL of another run's checkpoint root (pointer + fallback). `weights_only` returns only the
+        model (and timestamp, config). `strict` is passed to the model's load.
+        """
+        self.wait()
+        if path is None:
+            store, name = self.store, None
+        else:
+            text = os.fspath(path).rstrip("/")
+            if is_checkpoint_name(text):
+                store, name = self.store, text
+            elif is_checkpoint_name(text.rsplit("/", 1)[-1]):
+                root, name = text.rsplit("/", 1)
+                store = open_store(root or "/")
+            else:
+                store, name = open_store(text), None
+        if name is None:
+            state = self._load_newest(store, model, optimizers, weights_only, strict)
+            if state is None:
+                raise CheckpointNotFound(f"{store.url}: no checkpoint here; check the path or save first",
+                                         store.url)
+            return state
+        fetched = self._agreed_fetch(store, name, weights_only)
+        return self._materialize(fetched, model, optimizers, weights_only, strict)
+
+    def _load_newest(self, store: Store, model: torch.nn.Module | None,
+                     optimizers: Sequence[torch.optim.Optimizer], weights_only: bool,
+                     strict: bool) -> dict[str, Any] | None:
+        candidates = self._broadcast(self._candidates(store) if self.rank == 0 else None)
+        failures = []
+        for name in candidates:
+            try:
+                fetched = self._agreed_fetch(store, name, weights_only)
+            except CheckpointCorrupt as exc:
+                failures.append(f"{name}: {exc}")
+                self._warn(f"checkpoint {store.url_for(name)} is unusable ({exc}); trying the previous one")
+                continue
+            return self._materialize(fetched, model, optimizers, weights_only, strict)
+        if not candidates:
+            return None
+        raise CheckpointCorrupt(f"{store.url}: no usable checkpoint ({'; '.join(failures)}). Fix or delete "
+                                f"them, or start without autoresume", store.url)
+
+    def _candidates(self, store: Store) -> list[str]:
+        """The pointer's target first, then every other checkpoint folder, newest first."""
+        folders = list_checkpoints(store)
+        ordered = newest_first(folders)
+        pointer = read_pointer(store)
+        if pointer is None:
+            return ordered
+        if pointer not in folders:
+            self._warn(f"{store.url_for(POINTER)} names {pointer!r}, which is missing from the store; "
+                       f"trying the newest remaining checkpoint")
+            return ordered
+        for name in ordered:
+            if name_order(name) <= name_order(pointer):
+                break
+            if MANIFEST not in folders[name]:  # a save that died before its commit
+                self._warn(f"checkpoint {store.url_for(name)} is newer than {POINTER} but incomplete (no "
+                           f"{MANIFEST}: the save did not finish); resuming from {pointer}")
+            else:  # died between manifest and pointer: the pointer is the commit, so it is not used
+                log.info("checkpoint %s has a manifest but %s never moved to it; resuming from %s",
+                         store.url_for(name), POINTER, pointer)
+        return [pointer] + [n for n in ordered if n != pointer]
+
+    def _agreed_fetch(self, store: Store, name: str, weights_only: bool) -> _Fetched:
+        """Download and verify on every rank; succeed only if every rank succeeded."""
+        fetched, error = None, None
+        try:
+            fetched = self._fetch(store, name, weights_only)
+        except CheckpointCorrupt as exc:
+            error = exc
+        if not self._all_ok(error is None):
+            if fetched is not None:
+                shutil.rmtree(fetched.local, ignore_errors=True)
+            raise error or CheckpointCorrupt(f"{store.url_for(name)}: another rank could not verify it",
+                                             store.url_for(name))
+        assert fetched is not None
+        return fetched
+
+    def _fetch(self, store: Store, name: str, weights_only: bool) -> _Fetched:
+        own: list[str] = []
+
+        def needed(manifest: CheckpointManifest) -> list[str]:
+            keys = [META] + ([k for k in manifest.entries() if k.startswith(DCP_DIR + "/")]
+                             if manifest.sharded else [MODEL])
+            if not weights_only:
+                own.append(rank_file(self.rank if self.rank < manifest.world_size else 0))
+                keys += [TRAIN_STATE, own[0]]
+            return keys
+
+        local = Path(tempfile.mkdtemp(prefix=f"tessera-load-{name}-r{self.rank}-", dir=self.staging_dir))
+        try:
+            # Rank 0 also hashes the files only other ranks read (their RNG and dataloader states).
+            manifest = fetch(store, name, needed, local, verify_rest=self.rank == 0 and not weights_only)
+        except BaseException:
+            shutil.rmtree(local, ignore_errors=True)
+            raise
+        return _Fetched(name=name, url=store.url_for(name), manifest=manifest, local=local,
+                        own_rank_file=own[0] if own else None)
+
+    def _materialize(self, fetched: _Fetched, model: torch.nn.Module | None,
+                     optimizers: Sequence[torch.optim.Optimizer], weights_only: bool,
+                     strict: bool) -> dict[str, Any]:
+        manifest = fetched.manifest
+        derived = not weights_only and self.rank >= manifest.world_size
+        try:
+            state = read_state(fetched.local, sharded=manifest.sharded, rank_file=fetched.own_rank_file,
+                               derive_rng_for=self.rank if derived else None, model=model,
+                               optimizers=optimizers, strict=strict, process_group=self._pg,
+                               allow_pickle=self.allow_pickle)
+        finally:
+            shutil.rmtree(fetched.local, ignore_errors=True)
+        state["timestamp"] = dict(manifest.timestamp)
+        state["checkpoint"] = {"name": fetched.name, "url": fetched.url, "world_size": manifest.world_size,
+                               "rng_derived": derived}
+        log.info("loaded checkpoint %s", fetched.url)
+        return state
+
+    # --- agreement between ranks ----------------------------------------------------------------------
+
+    def _broadcast(self, value: Any) -> Any:
+        if self._pg is None:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._pg)
+        return box[0]
+
+    def _all_ok(self, ok: bool) -> bool:
+        if self._pg is None:
+            return ok
+        import torch.distributed as dist
+
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self._pg)
+        return bool(flag.item())
+
+    def _warn(self, message: str) -> None:
+        """Rank 0 decides, so rank 0 warns (route to logs with `logging.captureWarnings(True)`)."""
+        if self.rank == 0:
+            warnings.warn(message, CheckpointWarning, stacklevel=3)
+        else:
+            log.info(message)
