@@ -10,6 +10,7 @@ from pathlib import Path
 
 from tessera.storage.errors import AlreadyExists
 from tessera.storage.retry import RetryPolicy
+from tessera.storage.url import check_key
 
 Data = bytes | bytearray | memoryview
 
@@ -103,6 +104,9 @@ class Store(abc.ABC):
         return True
 
     def delete_many(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for key in keys:  # validate every key first: a bad one must not leave the batch half-deleted
+            check_key(key, self.url_for(key) if key else self.url)
         for key in keys:
             self.delete(key)
 

@@ -64,23 +64,25 @@ def _verify(tmp: Path, url: str, size: int | None, digest: tuple[str, str] | Non
             raise IntegrityError(f"{url}: {algo} mismatch (expected {want}, got {have})", url)
 
 
-def _fetch_into(store: Store, key: str, fd: int, size: int, progress: Progress, concurrency: int) -> None:
+def _fetch_into(store: Store, key: str, fd: int, size: int, progress: Progress, concurrency: int) -> int:
+    """Write the object's first `size` bytes into `fd`; returns the byte count actually received."""
     if size <= MIN_SPLIT:
         data = store.get_range(key, 0, size) if size else b""
         os.pwrite(fd, data, 0)
         if progress:
             progress(len(data))
-        return
+        return len(data)
 
-    def one(start: int) -> None:
+    def one(start: int) -> int:
         data = store.get_range_buffer(key, start, min(start + chunk, size))
         os.pwrite(fd, data, start)
         if progress:
             progress(len(data))
+        return len(memoryview(data))
 
     chunk = max(MIN_PART, min(CHUNK, -(-size // concurrency)))
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        list(pool.map(one, range(0, size, chunk)))
+        return sum(pool.map(one, range(0, size, chunk)))
 
 
 def download_from(store: Store, key: str, path: str | Path, *, size: int | None = None,
@@ -90,16 +92,22 @@ def download_from(store: Store, key: str, path: str | Path, *, size: int | None 
     dest = Path(path)
     dest.parent.mkdir(parents=True, exist_ok=True)
     url = store.url_for(key)
-    total = store.head(key).size if size is None else size
+    # Always ask for the real size: the temp file is pre-sized, so its length proves nothing, and
+    # trusting a caller's wrong `size` would fetch a truncated or zero-padded file and pass.
+    total = store.head(key).size
+    if size is not None and total != size:
+        raise IntegrityError(f"{url}: expected {size} bytes, the object has {total}", url)
     tmp = temp_path_for(dest)
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             if total:
                 os.ftruncate(fd, total)
-            _fetch_into(store, key, fd, total, progress, concurrency)
+            got = _fetch_into(store, key, fd, total, progress, concurrency)
         finally:
             os.close(fd)
+        if got != total:  # the object shrank while we read it
+            raise IntegrityError(f"{url}: expected {total} bytes, received {got}", url)
         _verify(tmp, url, size, hash)
         os.replace(tmp, dest)
     except BaseException:
