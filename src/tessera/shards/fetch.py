@@ -1,0 +1,125 @@
+"""Local files for a dataset's shards: the files themselves when possible, else a cache copy.
+
+A local uncompressed dataset is read in place (nothing copied). Compressed shards are decompressed into
+the cache folder once, and remote shards are downloaded there on first use. Every file appears in the
+cache atomically (temp file + rename), so concurrent processes sharing a cache never read a partial
+shard; the worst case of a race is the same file fetched twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera.shards.compression import parse_compression
+from tessera.shards.errors import CorruptShard, ShardFormatError, TruncatedShard
+from tessera.shards.index import FileInfo, ShardEntry, shard_key
+from tessera.shards.reader import verify_digests
+from tessera.storage import IntegrityError, NotFound, Store, download_from
+
+
+def default_cache_dir(url: str) -> Path:
+    """A per-dataset cache folder under $TESSERA_CACHE (default ~/.cache/tessera)."""
+    root = Path(os.environ.get("TESSERA_CACHE", "~/.cache/tessera")).expanduser()
+    return root / "datasets" / hashlib.sha256(url.encode()).hexdigest()[:16]
+
+
+def atomic_write(path: Path, data: bytes | bytearray | memoryview) -> None:
+    """Write `data` to `path` so that readers see the old file, the whole new one, or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as file:
+            file.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class ShardFiles:
+    """The local, uncompressed files of one shard (`meta` only for JSON/CSV/TSV/XSV shards)."""
+
+    data: Path
+    meta: Path | None = None
+
+
+class ShardFetcher:
+    """Resolves shard entries of one dataset (a store, optionally a split child) to local files."""
+
+    def __init__(self, store: Store, cache_dir: str | Path | None = None, verify_hashes: bool = False) -> None:
+        self.store = store
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir(store.url)
+        self.verify_hashes = verify_hashes
+
+    def files(self, entry: ShardEntry, shard: int) -> ShardFiles:
+        """Local files for `entry`, fetching and decompressing as needed."""
+        data = self._raw_file(entry.raw_data, entry.zip_data, entry.compression, shard)
+        meta = None
+        if entry.raw_meta is not None:
+            meta = self._raw_file(entry.raw_meta, entry.zip_meta, entry.compression, shard)
+        return ShardFiles(data, meta)
+
+    def label(self, basename: str) -> str:
+        """How errors name a shard file: its URL in the store."""
+        return self.store.url_for(shard_key(basename))
+
+    def _raw_file(self, raw: FileInfo, zipped: FileInfo | None, compression: str | None, shard: int) -> Path:
+        key = shard_key(raw.basename)
+        in_place = self.store.local_path(key)
+        if in_place is not None and (zipped is None or _has_size(in_place, raw.bytes)):
+            return in_place  # a local dataset: read the file itself (the reader reports a bad size)
+        cached = self.cache_dir / key
+        if _has_size(cached, raw.bytes):
+            return cached
+        if zipped is None:
+            self._download(key, cached, raw.bytes, shard)
+            return cached
+        self._decompress(zipped, compression, raw, cached, shard)
+        return cached
+
+    def _download(self, key: str, dest: Path, size: int, shard: int) -> None:
+        label = self.store.url_for(key)
+        try:
+            download_from(self.store, key, dest, size=size)
+        except NotFound:
+            raise ShardFormatError(label, "shard file is missing from the store", shard) from None
+        except IntegrityError as err:
+            raise TruncatedShard(label, f"stored size differs from index.json ({err})", shard) from None
+
+    def _decompress(self, zipped: FileInfo, compression: str | None, raw: FileInfo, dest: Path, shard: int) -> None:
+        zkey = shard_key(zipped.basename)
+        label = self.store.url_for(zkey)
+        zpath = self.store.local_path(zkey)
+        downloaded = zpath is None
+        if zpath is None:
+            zpath = self.cache_dir / zkey
+            self._download(zkey, zpath, zipped.bytes, shard)
+        try:
+            blob = zpath.read_bytes()
+        except FileNotFoundError:
+            raise ShardFormatError(label, "compressed shard file is missing", shard) from None
+        if len(blob) != zipped.bytes:
+            raise TruncatedShard(label, f"file has {len(blob)} bytes but index.json records {zipped.bytes}", shard)
+        if self.verify_hashes:
+            verify_digests(blob, zipped, label, shard)
+        codec = parse_compression(compression)
+        try:
+            data = codec.decompress(blob) if codec else blob
+        except Exception as err:  # every codec library has its own error type
+            raise CorruptShard(label, f"cannot decompress ({compression}): {err}", shard) from None
+        if len(data) != raw.bytes:
+            raise CorruptShard(label, f"decompresses to {len(data)} bytes but index.json records {raw.bytes}", shard)
+        atomic_write(dest, data)
+        if downloaded:
+            zpath.unlink(missing_ok=True)  # the decompressed copy is what readers use
+
+
+def _has_size(path: Path, size: int) -> bool:
+    try:
+        return path.stat().st_size == size
+    except OSError:
+        return False

@@ -1,0 +1,233 @@
+"""The model of index.json and of its shard entries, with the validation MDS readers rely on.
+
+MosaicML's reader builds its shard class with `**entry`, so a shard entry must hold exactly the keys of
+its format: an extra or missing key crashes it. We therefore refuse such entries on read (naming the
+file and shard) and never write one; our own extensions go at the top level of index.json, where
+readers ignore unknown keys (we keep them in `DatasetIndex.extensions` so a rewrite preserves them).
+Basenames come from untrusted data and are joined to a local root, so absolute ones and ones that climb
+out of the root are refused here, before any path is built.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from tessera.shards.compression import parse_compression
+from tessera.shards.errors import IndexFormatError, PathTraversal
+
+INDEX_BASENAME = "index.json"
+
+_FILE_INFO_KEYS = frozenset(["basename", "bytes", "hashes"])
+_COMMON_KEYS = frozenset(["compression", "format", "hashes", "raw_data", "samples", "size_limit", "version",
+                          "zip_data"])
+_SPLIT_KEYS = _COMMON_KEYS | {"raw_meta", "zip_meta", "newline"}
+ENTRY_KEYS: dict[str, frozenset[str]] = {
+    "mds": _COMMON_KEYS | {"column_encodings", "column_names", "column_sizes"},
+    "json": _SPLIT_KEYS | {"columns"},
+    "csv": _SPLIT_KEYS | {"column_encodings", "column_names"},
+    "tsv": _SPLIT_KEYS | {"column_encodings", "column_names"},
+    "xsv": _SPLIT_KEYS | {"column_encodings", "column_names", "separator"},
+}
+_FILE_KEYS = ("raw_data", "zip_data", "raw_meta", "zip_meta")
+
+
+def check_basename(basename: Any, file: str, shard: int | None = None) -> str:
+    """Return `basename` if it is a safe relative path inside the dataset root, else raise.
+
+    Sub-folders are fine (merged datasets use them); absolute paths, drive letters, backslashes and '..'
+    components are refused because joining them to the root could read or write outside it.
+    """
+    if not isinstance(basename, str) or not basename or "\x00" in basename:
+        raise IndexFormatError(file, f"shard basename {basename!r} is not a non-empty string", shard)
+    path = PurePosixPath(basename)
+    if path.is_absolute() or "\\" in basename or re.match(r"^[A-Za-z]:", basename) or ".." in path.parts:
+        raise PathTraversal(
+            file, f"shard basename {basename!r} is absolute or climbs out of the dataset root (refused)", shard
+        )
+    return basename
+
+
+def shard_key(basename: str) -> str:
+    """The store key of a validated basename: '/'-separated, '.' segments folded away."""
+    return str(PurePosixPath(basename))
+
+
+def _fail(file: str, shard: int | None, detail: str) -> IndexFormatError:
+    return IndexFormatError(file, detail, shard)
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One stored file of a shard: `{"basename", "bytes", "hashes"}` exactly."""
+
+    basename: str
+    bytes: int
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"basename": self.basename, "bytes": self.bytes, "hashes": dict(self.hashes)}
+
+    @classmethod
+    def from_json(cls, obj: Any, file: str, shard: int | None, key: str) -> FileInfo:
+        if not isinstance(obj, dict) or set(obj) != _FILE_INFO_KEYS:
+            keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
+            raise _fail(file, shard, f"{key} must have exactly the keys basename, bytes, hashes; got {keys}")
+        size, hashes = obj["bytes"], obj["hashes"]
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise _fail(file, shard, f"{key}.bytes must be a non-negative integer, got {size!r}")
+        if not isinstance(hashes, dict) or not all(isinstance(v, str) for v in hashes.values()):
+            raise _fail(file, shard, f"{key}.hashes must map algorithm names to hex digests")
+        return cls(check_basename(obj["basename"], file, shard), size, dict(hashes))
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of index.json. MDS entries have the 11 keys of MDS.md; JSON/CSV/TSV/XSV entries have
+    their own key sets (a `.meta` file and the text-format settings)."""
+
+    format: str
+    samples: int
+    raw_data: FileInfo
+    zip_data: FileInfo | None
+    compression: str | None
+    hashes: list[str]
+    size_limit: int | None
+    column_names: list[str]
+    column_encodings: list[str]
+    column_sizes: list[int | None]
+    version: int = 2
+    raw_meta: FileInfo | None = None
+    zip_meta: FileInfo | None = None
+    newline: str | None = None
+    separator: str | None = None
+
+    @property
+    def stored(self) -> FileInfo:
+        """The file actually stored for the shard's data: the compressed one when compressed."""
+        return self.zip_data or self.raw_data
+
+    def config(self) -> dict[str, Any]:
+        """The writer configuration embedded in each MDS shard (the entry without per-shard facts)."""
+        obj = self.to_json()
+        for key in ("samples", *_FILE_KEYS):
+            obj.pop(key, None)
+        return obj
+
+    def to_json(self) -> dict[str, Any]:
+        """The entry as index.json stores it: exactly the keys of its format."""
+        obj: dict[str, Any] = {
+            "format": self.format, "samples": self.samples, "raw_data": self.raw_data.to_json(),
+            "zip_data": self.zip_data.to_json() if self.zip_data else None, "compression": self.compression,
+            "hashes": list(self.hashes), "size_limit": self.size_limit, "version": self.version,
+        }
+        if self.format == "mds":
+            obj.update(column_names=list(self.column_names), column_encodings=list(self.column_encodings),
+                       column_sizes=list(self.column_sizes))
+            return obj
+        obj.update(raw_meta=self.raw_meta.to_json() if self.raw_meta else None,
+                   zip_meta=self.zip_meta.to_json() if self.zip_meta else None, newline=self.newline)
+        if self.format == "json":
+            obj["columns"] = dict(zip(self.column_names, self.column_encodings, strict=True))
+            return obj
+        obj.update(column_names=list(self.column_names), column_encodings=list(self.column_encodings))
+        if self.format == "xsv":
+            obj["separator"] = self.separator
+        return obj
+
+    @classmethod
+    def from_json(cls, obj: Any, file: str, shard: int | None = None) -> ShardEntry:
+        """Validate and parse one entry; IndexFormatError (naming file and shard) on any deviation."""
+        if not isinstance(obj, dict):
+            raise _fail(file, shard, f"shard entry must be an object, got {type(obj).__name__}")
+        fmt = obj.get("format")
+        if fmt not in ENTRY_KEYS:
+            raise _fail(file, shard, f"unknown shard format {fmt!r}; expected one of {sorted(ENTRY_KEYS)}")
+        missing, extra = sorted(ENTRY_KEYS[fmt] - set(obj)), sorted(set(obj) - ENTRY_KEYS[fmt])
+        if missing or extra:
+            raise _fail(file, shard, f"{fmt} shard entry has missing keys {missing} and extra keys {extra}; "
+                        "MDS readers need exactly its keys (put extensions at the top level of index.json)")
+        if obj["version"] != 2:
+            raise _fail(file, shard, f"unsupported version {obj['version']!r} (expected 2)")
+        samples = obj["samples"]
+        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+            raise _fail(file, shard, f"samples must be a non-negative integer, got {samples!r}")
+        try:
+            parse_compression(obj["compression"])
+        except ValueError as err:
+            raise _fail(file, shard, str(err)) from None
+        files = {key: FileInfo.from_json(obj[key], file, shard, key) if obj.get(key) is not None else None
+                 for key in _FILE_KEYS}
+        if files["raw_data"] is None:
+            raise _fail(file, shard, "raw_data must describe the shard file")
+        if bool(obj["compression"]) != (files["zip_data"] is not None):
+            raise _fail(file, shard, "zip_data must be given exactly when compression is set")
+        names, encodings, sizes = _columns(obj, fmt, file, shard)
+        hashes, size_limit = obj["hashes"], obj["size_limit"]
+        if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
+            raise _fail(file, shard, f"hashes must be a list of algorithm names, got {hashes!r}")
+        if size_limit is not None and (not isinstance(size_limit, int) or isinstance(size_limit, bool)):
+            raise _fail(file, shard, f"size_limit must be an integer or null, got {size_limit!r}")
+        return cls(format=fmt, samples=samples, raw_data=files["raw_data"], zip_data=files["zip_data"],
+                   compression=obj["compression"] or None, hashes=list(hashes), size_limit=size_limit,
+                   column_names=names, column_encodings=encodings, column_sizes=sizes,
+                   raw_meta=files["raw_meta"], zip_meta=files["zip_meta"], newline=obj.get("newline"),
+                   separator=obj.get("separator"))
+
+
+def _columns(obj: dict[str, Any], fmt: str, file: str, shard: int | None) -> tuple[list, list, list]:
+    """Column names, encodings and fixed sizes of an entry, checked for shape and types."""
+    if fmt == "json":
+        columns = obj["columns"]
+        if not isinstance(columns, dict):
+            raise _fail(file, shard, "columns must map column names to encodings")
+        names, encodings = list(columns), list(columns.values())
+        sizes: list[Any] = [None] * len(names)
+    else:
+        names, encodings = obj["column_names"], obj["column_encodings"]
+        sizes = obj["column_sizes"] if fmt == "mds" else [None] * len(names)
+    lists_ok = all(isinstance(x, list) for x in (names, encodings, sizes))
+    if not lists_ok or not len(names) == len(encodings) == len(sizes):
+        raise _fail(file, shard, "column_names, column_encodings and column_sizes must be lists of one length")
+    if not all(isinstance(n, str) for n in names) or not all(isinstance(e, str) for e in encodings):
+        raise _fail(file, shard, "column names and encodings must be strings")
+    if len(set(names)) != len(names):
+        raise _fail(file, shard, f"duplicate column names in {names}")
+    if not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 0) for s in sizes):
+        raise _fail(file, shard, f"column_sizes must be non-negative integers or null, got {sizes}")
+    return list(names), list(encodings), list(sizes)
+
+
+@dataclass
+class DatasetIndex:
+    """index.json: `{"shards": [...], "version": 2}` plus any top-level extensions (kept verbatim)."""
+
+    shards: list[ShardEntry] = field(default_factory=list)
+    extensions: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(entry.samples for entry in self.shards)
+
+    def to_json(self) -> str:
+        """Serialize as MDS writers do: `json.dumps(obj, sort_keys=True)`."""
+        obj = {**self.extensions, "shards": [entry.to_json() for entry in self.shards], "version": 2}
+        return json.dumps(obj, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes, file: str) -> DatasetIndex:
+        """Parse and validate index.json text; IndexFormatError names `file` (and the shard) on errors."""
+        try:
+            obj = json.loads(text)
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise IndexFormatError(file, f"not valid JSON ({err})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
+            raise IndexFormatError(file, 'expected an object with a "shards" list')
+        if obj.get("version") != 2:
+            raise IndexFormatError(file, f"unsupported index version {obj.get('version')!r} (expected 2)")
+        shards = [ShardEntry.from_json(entry, file, i) for i, entry in enumerate(obj["shards"])]
+        extensions = {k: v for k, v in obj.items() if k not in ("shards", "version")}
+        return cls(shards, extensions)
