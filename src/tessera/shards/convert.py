@@ -8,10 +8,12 @@ at the end.
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,31 @@ def _ordered_samples(chunks: list[Chunk], workers: int) -> Iterator[list[dict[st
         yield from pool.imap(_chunk_samples, chunks, chunksize=1)
 
 
+_INT = {"int", "str_int", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
+_FLOAT = {"str_float", "float16", "float32", "float64"}
+
+
+def _coerce(sample: dict[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
+    """CSV/TSV cells are text: parse them into the type their column's encoding expects."""
+    out = dict(sample)
+    for name, enc in columns.items():
+        value = out.get(name)
+        if not isinstance(value, str):
+            continue
+        try:
+            if enc in _INT:
+                out[name] = int(value)
+            elif enc in _FLOAT:
+                out[name] = float(value)
+            elif enc == "str_decimal":
+                out[name] = Decimal(value)
+            elif enc == "json":
+                out[name] = json.loads(value)
+        except (ValueError, ArithmeticError) as exc:
+            raise SourceError(f"column {name!r} ({enc}): cannot parse {value!r}: {exc}") from None
+    return out
+
+
 def _select(sample: dict[str, Any], text_field: str | None) -> dict[str, Any]:
     if text_field is None:
         return sample
@@ -86,6 +113,7 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
     cols = dict(columns) if columns else infer_columns(_select(first, text_field), fmt)  # type: ignore[arg-type]
     t0 = time.perf_counter()
     summary = ConvertSummary(str(out), fmt, cols, workers=workers)
+    text_cells = fmt in ("csv", "tsv")
     with ShardWriter(out, cols, compression=compression, hashes=hashes, size_limit=size_limit, mode=mode) as w:
         skip = w.resumed_samples
         for done, samples in enumerate(_ordered_samples(chunks, workers), 1):
@@ -94,7 +122,8 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
                     skip -= 1
                     summary.skipped += 1
                     continue
-                w.write(_select(sample, text_field))
+                sample = _select(sample, text_field)
+                w.write(_coerce(sample, cols) if text_cells else sample)
             if progress:
                 progress(w.samples_written, done)
         entries = w.finish()
