@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,24 +18,13 @@ from tessera.shards.errors import CorruptShard, ShardFormatError, TruncatedShard
 from tessera.shards.index import FileInfo, ShardEntry, shard_key
 from tessera.shards.reader import verify_digests
 from tessera.storage import IntegrityError, NotFound, Store, download_from
+from tessera.storage.local import write_atomic as atomic_write
 
 
 def default_cache_dir(url: str) -> Path:
     """A per-dataset cache folder under $TESSERA_CACHE (default ~/.cache/tessera)."""
     root = Path(os.environ.get("TESSERA_CACHE", "~/.cache/tessera")).expanduser()
     return root / "datasets" / hashlib.sha256(url.encode()).hexdigest()[:16]
-
-
-def atomic_write(path: Path, data: bytes | bytearray | memoryview) -> None:
-    """Write `data` to `path` so that readers see the old file, the whole new one, or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:12]}")
-    try:
-        with open(tmp, "wb") as file:
-            file.write(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

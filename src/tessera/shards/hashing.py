@@ -6,29 +6,18 @@ sample body without first joining them into one buffer.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
-from typing import Any
 
-import xxhash
+from tessera.storage.transfer import HASH_ALGORITHMS, HASHLIB_ALGORITHMS, XXHASH_ALGORITHMS, new_hasher
 
-XXHASH_ALGORITHMS = frozenset(["xxh32", "xxh64", "xxh3_64", "xxh128", "xxh3_128"])
-HASHLIB_ALGORITHMS = frozenset(a for a in hashlib.algorithms_available if not a.startswith("shake"))
-HASH_ALGORITHMS = HASHLIB_ALGORITHMS | XXHASH_ALGORITHMS
+__all__ = ["HASHLIB_ALGORITHMS", "HASH_ALGORITHMS", "XXHASH_ALGORITHMS", "Digests", "digest_parts", "hash_hex",
+           "is_hash", "new_hasher", "normalize_hashes"]
+
 
 
 def is_hash(algo: str) -> bool:
     """Whether `algo` names a supported hash algorithm."""
     return algo in HASH_ALGORITHMS
-
-
-def new_hasher(algo: str) -> Any:
-    """A fresh incremental hasher (`update`, `hexdigest`) for `algo`; ValueError when unsupported."""
-    if algo in XXHASH_ALGORITHMS:
-        return getattr(xxhash, algo)()
-    if algo in HASHLIB_ALGORITHMS:
-        return hashlib.new(algo)
-    raise ValueError(f"unsupported hash {algo!r}; use one of {', '.join(sorted(HASH_ALGORITHMS))}")
 
 
 def normalize_hashes(algos: Iterable[str] | None) -> list[str]:

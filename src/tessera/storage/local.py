@@ -30,6 +30,19 @@ def temp_path_for(dest: Path) -> Path:
     return dest.with_name(f".{dest.name}{TMP_MARK}{uuid.uuid4().hex[:12]}")
 
 
+def write_atomic(path: Path, data: bytes | bytearray | memoryview) -> None:
+    """Write a local file so readers see the old file, the whole new one, or nothing (no fsync:
+    for caches, where a lost file is fetched again)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def is_temp_name(name: str) -> bool:
     return name.startswith(".") and TMP_MARK in name
 

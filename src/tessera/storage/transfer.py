@@ -32,16 +32,18 @@ MAX_CONCURRENCY = 4  # measured: more streams only add contention on 2 cores
 Progress = Callable[[int], None] | None
 
 
+XXHASH_ALGORITHMS = frozenset(["xxh32", "xxh64", "xxh3_64", "xxh128", "xxh3_128"])
+HASHLIB_ALGORITHMS = frozenset(a for a in hashlib.algorithms_available if not a.startswith("shake"))
+HASH_ALGORITHMS = HASHLIB_ALGORITHMS | XXHASH_ALGORITHMS
+
+
 def new_hasher(algo: str) -> Any:
-    """A hashlib-style object for any hashlib algorithm or xxhash's xxh32/xxh64/xxh3_64/xxh128/xxh3_128."""
-    if algo.startswith("xxh"):
-        fn = getattr(xxhash, algo, None)
-        if fn is None:
-            raise ValueError(f"unknown xxhash algorithm {algo!r}")
-        return fn()
-    if algo.startswith("shake") or algo not in hashlib.algorithms_available:
-        raise ValueError(f"unsupported hash algorithm {algo!r}")
-    return hashlib.new(algo)
+    """A fresh incremental hasher for any hashlib algorithm (not shake) or the xxhash family."""
+    if algo in XXHASH_ALGORITHMS:
+        return getattr(xxhash, algo)()
+    if algo in HASHLIB_ALGORITHMS:
+        return hashlib.new(algo)
+    raise ValueError(f"unsupported hash {algo!r}; use one of {', '.join(sorted(HASH_ALGORITHMS))}")
 
 
 def hash_file(path: str | Path, algo: str) -> str:

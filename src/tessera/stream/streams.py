@@ -18,7 +18,7 @@ from tessera.shards.errors import DatasetNotFound
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
 from tessera.shards.reader import ShardReader
 from tessera.storage import NotFound, RetryPolicy, Store, open_store
-from tessera.storage.local import temp_path_for
+from tessera.storage.local import write_atomic
 from tessera.stream.cache import ShardCache
 from tessera.stream.mixing import StreamShards
 
@@ -89,13 +89,6 @@ class LoadedStream:
                            shard=shard)
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(path)
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, validate_hash: str | None,
                 keep_zip: bool, cache_limit: int | None, peer_roots: list[Path]) -> LoadedStream:
     """Fetch and validate the stream's index (fresh from the remote on every start) and set up its cache."""
@@ -114,7 +107,7 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
         except NotFound:
             raise DatasetNotFound(f"{label}: no index.json; is the remote URL right, and was the dataset "
                                   "written completely?") from None
-        _write_atomic(local_root / INDEX_BASENAME, raw)
+        write_atomic(local_root / INDEX_BASENAME, raw)
     else:
         try:
             raw = (local_root / INDEX_BASENAME).read_bytes()
