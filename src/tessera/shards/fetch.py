@@ -86,24 +86,30 @@ class ShardFetcher:
         if zpath is None:
             zpath = self.cache_dir / zkey
             self._download(zkey, zpath, zipped.bytes, shard)
-        try:
-            blob = zpath.read_bytes()
-        except FileNotFoundError:
-            raise ShardFormatError(label, "compressed shard file is missing", shard) from None
-        if len(blob) != zipped.bytes:
-            raise TruncatedShard(label, f"file has {len(blob)} bytes but index.json records {zipped.bytes}", shard)
-        if self.verify_hashes:
-            verify_digests(blob, zipped, label, shard)
-        codec = parse_compression(compression)
-        try:
-            data = codec.decompress(blob) if codec else blob
-        except Exception as err:  # every codec library has its own error type
-            raise CorruptShard(label, f"cannot decompress ({compression}): {err}", shard) from None
-        if len(data) != raw.bytes:
-            raise CorruptShard(label, f"decompresses to {len(data)} bytes but index.json records {raw.bytes}", shard)
-        atomic_write(dest, data)
+        decompress_file(zpath, zipped, compression, raw, dest, label, shard, self.verify_hashes)
         if downloaded:
             zpath.unlink(missing_ok=True)  # the decompressed copy is what readers use
+
+
+def decompress_file(zpath: Path, zipped: FileInfo, compression: str | None, raw: FileInfo, dest: Path,
+                    label: str, shard: int | None, verify_hashes: bool = False) -> None:
+    """Decompress a stored shard file into `dest` atomically, checking sizes (and digests) on the way."""
+    try:
+        blob = zpath.read_bytes()
+    except FileNotFoundError:
+        raise ShardFormatError(label, "compressed shard file is missing", shard) from None
+    if len(blob) != zipped.bytes:
+        raise TruncatedShard(label, f"file has {len(blob)} bytes but index.json records {zipped.bytes}", shard)
+    if verify_hashes:
+        verify_digests(blob, zipped, label, shard)
+    codec = parse_compression(compression)
+    try:
+        data = codec.decompress(blob) if codec else blob
+    except Exception as err:  # every codec library has its own error type
+        raise CorruptShard(label, f"cannot decompress ({compression}): {err}", shard) from None
+    if len(data) != raw.bytes:
+        raise CorruptShard(label, f"decompresses to {len(data)} bytes but index.json records {raw.bytes}", shard)
+    atomic_write(dest, data)
 
 
 def _has_size(path: Path, size: int) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import xxhash
 
-from tessera.shards.compression import parse_compression
+from tessera.shards.fetch import decompress_file
 from tessera.shards.index import ShardEntry
 from tessera.storage import IntegrityError, Store, download_from, hash_file
 from tessera.storage.local import is_temp_name, temp_path_for
@@ -149,15 +149,8 @@ class ShardCache:
 
     def _decompress(self, entry: ShardEntry, zip_path: Path) -> None:
         t0 = time.perf_counter()
-        codec = parse_compression(entry.compression)
-        raw = codec.decompress(zip_path.read_bytes())  # type: ignore[union-attr]
-        if len(raw) != entry.raw_data.bytes:
-            raise IntegrityError(f"{zip_path}: decompressed to {len(raw)} bytes, index says "
-                                 f"{entry.raw_data.bytes}")
-        out = self.path(entry)
-        tmp = temp_path_for(out)
-        tmp.write_bytes(raw)
-        os.replace(tmp, out)
+        label = self.remote.url_for(entry.stored.basename) if self.remote else str(zip_path)
+        decompress_file(zip_path, entry.stored, entry.compression, entry.raw_data, self.path(entry), label, None)
         if not self.keep_zip:
             zip_path.unlink(missing_ok=True)
         self.stats.decompress_seconds += time.perf_counter() - t0
