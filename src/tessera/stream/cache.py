@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import glob
 import json
 import math
 import os
@@ -28,7 +29,7 @@ import xxhash
 from tessera.shards.fetch import decompress_file
 from tessera.shards.index import ShardEntry
 from tessera.storage import IntegrityError, Store, download_from, hash_file
-from tessera.storage.local import is_temp_name, temp_path_for
+from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for
 
 META_DIR = ".tessera"
 INDEX_NAME = "index.json"
@@ -111,19 +112,43 @@ class ShardCache:
             return False
 
     # fetching ----------------------------------------------------------------------------
-    def fetch(self, entry: ShardEntry, rank_of: Callable[[Path], float] | None = None) -> Path:
-        """Make the raw shard present locally and return its path (idempotent, process-safe)."""
+    def fetch(self, entry: ShardEntry, rank_of: Callable[[Path], float] | None = None,
+              optional: bool = False) -> Path | None:
+        """Make the raw shard present locally and return its path (idempotent, process-safe).
+
+        `optional=True` (prefetching) fetches only if the shard fits under cache_limit without passing
+        it, and returns None otherwise; a reader's own fetch always proceeds (see `make_room`).
+        """
         if self.is_ready(entry):
             self.stats.hits += 1
             return self.path(entry)
         if self.remote is None:
             raise FileNotFoundError(f"{self.path(entry)}: shard missing and no remote to fetch it from")
-        with flocked(self._lock_path(entry.raw_data.basename, "dl"), fcntl.LOCK_EX):
+        basename = entry.raw_data.basename
+        with flocked(self._lock_path(basename, "dl"), fcntl.LOCK_EX):
             if self.is_ready(entry):  # another process fetched it while we waited
                 return self.path(entry)
-            self.make_room(entry.raw_data.bytes + (entry.zip_data.bytes if entry.zip_data else 0), rank_of)
-            self._download(entry)
+            self._remove_partial_downloads(entry)
+            need = entry.raw_data.bytes + (entry.zip_data.bytes if entry.zip_data else 0)
+            if not self.make_room(need, rank_of, reserve=basename, optional=optional):
+                return None
+            try:
+                self._download(entry)
+            finally:
+                self._reservation_path(basename).unlink(missing_ok=True)
         return self.path(entry)
+
+    def _remove_partial_downloads(self, entry: ShardEntry) -> None:
+        """Delete temp files of this shard left by a process that died mid-download or mid-decompress.
+
+        Only a holder of the shard's download lock writes them, and we hold it now, so any that exist
+        belong to a dead process; without this, every crash would leave shard-sized files for good.
+        """
+        for info in (entry.raw_data, entry.zip_data):
+            if info is not None:
+                dest = self.root / info.basename
+                for tmp in dest.parent.glob(f".{glob.escape(dest.name)}{TMP_MARK}*"):
+                    tmp.unlink(missing_ok=True)
 
     def _download(self, entry: ShardEntry) -> None:
         stored = entry.stored
@@ -189,24 +214,68 @@ class ShardCache:
                 total += path.stat().st_size
         return total
 
-    def make_room(self, need: int, rank_of: Callable[[Path], float] | None = None) -> None:
-        """Evict unpinned shards, needed-last first, until `need` more bytes fit under the limit."""
+    def _reservation_path(self, basename: str, root: Path | None = None) -> Path:
+        return (root or self.root) / META_DIR / "reserved" / basename.replace("/", "__")
+
+    def _reserved(self) -> int:
+        """Bytes reserved by downloads in flight (their temp files are not counted as shard files).
+
+        A reservation is live while its shard's download lock is held; one whose owner died is removed.
+        """
+        total = 0
+        for root in self.peer_roots:
+            folder = root / META_DIR / "reserved"
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                continue
+            for name in names:
+                fd = os.open(root / META_DIR / "locks" / f"{name}.dl", os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except BlockingIOError:  # a download in flight (maybe one of our own threads)
+                        with contextlib.suppress(FileNotFoundError, ValueError):
+                            total += int((folder / name).read_text() or 0)
+                        continue
+                    (folder / name).unlink(missing_ok=True)  # its owner died mid-download
+                finally:
+                    os.close(fd)
+        return total
+
+    def make_room(self, need: int, rank_of: Callable[[Path], float] | None = None, reserve: str | None = None,
+                  optional: bool = False) -> bool:
+        """Evict unpinned shards, needed-last first, until `need` more bytes fit under the limit.
+
+        Shard files and the reservations of downloads in flight count against the limit; `reserve`
+        (a shard basename) records this download's reservation in the same step. When the rest is pinned
+        by readers, an `optional` fetch gives up (returns False) and a reader's fetch goes on over the
+        limit rather than deadlock: the bound is cache_limit plus one in-flight shard per reader.
+        """
         if self.cache_limit is None:
-            return
+            return True
         if need > self.cache_limit:
             raise CacheLimitError(f"cache_limit {self.cache_limit} bytes cannot hold one shard of {need} "
                                   f"bytes; raise cache_limit")
         with flocked(self.peer_roots[0] / META_DIR / "cache.lock", fcntl.LOCK_EX):
             files = self._shard_files()
-            used = sum(p.stat().st_size for _, p in files if p.exists())
+            used = self._reserved()
+            for _, p in files:
+                with contextlib.suppress(FileNotFoundError):
+                    used += p.stat().st_size
             rank = rank_of or (lambda _path: math.inf)
             # Highest rank = needed furthest in the future (inf: not needed again this epoch): evict first.
             for root, path in sorted(files, key=lambda rp: rank(rp[1]), reverse=True):
                 if used + need <= self.cache_limit:
-                    return
+                    break
                 used -= self._try_evict(root, path)
-        # Everything left is pinned by readers: go on one shard over the limit rather than deadlock;
-        # the documented bound is cache_limit plus one in-flight shard per downloader.
+            if used + need > self.cache_limit and optional:
+                return False
+            if reserve is not None:
+                target = self._reservation_path(reserve)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(str(need))
+        return True
 
     def _try_evict(self, root: Path, path: Path) -> int:
         basename = path.relative_to(root).as_posix()

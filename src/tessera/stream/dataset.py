@@ -36,6 +36,8 @@ from tessera.stream.streams import LoadedStream, Stream, load_stream, local_root
 from tessera.stream.world import World
 
 OPEN_READERS = 8  # shards kept memory-mapped (and pinned against eviction) per reader process
+# ... fewer under a cache_limit: pinned shards cannot be evicted, so a reader keeps at most
+# cache_limit // largest shard - 1 of them open and leaves room for the next download.
 
 
 class StreamingDataset(IterableDataset):
@@ -71,12 +73,17 @@ class StreamingDataset(IterableDataset):
         self.cache_limit = parse_size(cache_limit) if cache_limit is not None else None
         world = World.from_env()
         self._check_world(world)
-        roots = [local_root_of(s) for s in specs]
+        # cache_limit bounds (and evicts from) the folders of remote streams only: a local-only stream's
+        # folder is the data itself, with no other copy, and must never be evicted from.
+        roots = [local_root_of(s) for s in specs if s.remote is not None]
         self.streams: list[LoadedStream] = [
             load_stream(s, download_retry=download_retry, download_timeout=download_timeout,
                         validate_hash=validate_hash, keep_zip=keep_zip, cache_limit=self.cache_limit,
                         peer_roots=roots) for s in specs]
         self._check_cache_limit()
+        self._max_open = OPEN_READERS
+        if self.cache_limit is not None:
+            self._max_open = max(1, min(OPEN_READERS, self.cache_limit // max(1, self._largest_shard()) - 1))
         self._check_safety()
         self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
         sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
@@ -93,16 +100,26 @@ class StreamingDataset(IterableDataset):
         self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
         self.stage_times = StageTimes()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable for spawn/forkserver DataLoader workers: open shard readers (mmaps) stay behind."""
+        state = self.__dict__.copy()
+        state["_readers"] = OrderedDict()
+        return state
+
     # --- checks -----------------------------------------------------------------------------------
     def _check_world(self, world: World) -> None:
         if world.world_size % self.replication:
             raise ValueError(f"replication={self.replication} does not divide world size {world.world_size}")
 
+    def _largest_shard(self) -> int:
+        """Cache bytes one shard needs at most (raw + compressed while it is decompressed)."""
+        return max((e.raw_data.bytes + (e.zip_data.bytes if e.zip_data else 0)
+                    for st in self.streams if st.remote_store is not None for e in st.entries), default=0)
+
     def _check_cache_limit(self) -> None:
         if self.cache_limit is None:
             return
-        biggest = max((e.raw_data.bytes + (e.zip_data.bytes if e.zip_data else 0)
-                       for st in self.streams for e in st.entries), default=0)
+        biggest = self._largest_shard()
         if self.cache_limit < 2 * biggest:
             raise CacheLimitError(f"cache_limit={self.cache_limit} bytes is below twice the largest shard "
                                   f"({biggest} bytes, raw + compressed): training could not make progress; "
@@ -161,21 +178,33 @@ class StreamingDataset(IterableDataset):
         si, sh = self._entries[shard]
         return self.streams[si].cache.fetch(self.streams[si].entries[sh], rank_of)
 
+    def _prefetch(self, shard: int, rank_of: Any = None) -> Path | None:
+        """Fetch ahead of the reader only if it fits under cache_limit without passing it (else None)."""
+        si, sh = self._entries[shard]
+        return self.streams[si].cache.fetch(self.streams[si].entries[sh], rank_of, optional=True)
+
     def _reader(self, shard: int, prefetcher: Prefetcher | None = None) -> ShardReader:
         hit = self._readers.get(shard)
         if hit is not None:
             self._readers.move_to_end(shard)
             return hit[0]
         t0 = time.perf_counter()
-        path = (prefetcher.wait_for(shard) if prefetcher else None) or self._fetch(
-            shard, prefetcher.rank if prefetcher else None)
         si, sh = self._entries[shard]
+        # Pin first, then make sure the shard is present: a shard fetched earlier (by the prefetcher or
+        # anyone else) may have been evicted since, and once pinned it can no longer be.
         pin = self.streams[si].cache.pinned(self.streams[si].entries[sh])
         pin.__enter__()
-        reader = self.streams[si].open_reader(sh, path, self.columns, self.allow_unsafe_types)
+        try:
+            if prefetcher is not None:
+                prefetcher.wait_for(shard)  # do not download twice what is already on its way
+            path = self._fetch(shard, prefetcher.rank if prefetcher else None)
+            reader = self.streams[si].open_reader(sh, path, self.columns, self.allow_unsafe_types)
+        except BaseException:
+            pin.__exit__(None, None, None)
+            raise
         self.stage_times.wait += time.perf_counter() - t0
         self._readers[shard] = (reader, pin)
-        while len(self._readers) > OPEN_READERS:
+        while len(self._readers) > self._max_open:
             _, (old, old_pin) = self._readers.popitem(last=False)
             old.close()
             old_pin.__exit__(None, None, None)
@@ -255,7 +284,7 @@ class StreamingDataset(IterableDataset):
 
     def _prefetcher(self, sched: BatchSchedule, layout: DeviceLayout) -> Prefetcher:
         window = self.predownload if self.predownload is not None else max(8 * self.batch_size, 512)
-        return Prefetcher(sched.shard_order(layout), self._fetch, self._path, window)
+        return Prefetcher(sched.shard_order(layout), self._prefetch, self._path, window)
 
     def _epoch_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray, Prefetcher]]:
         """(shard ids, in-shard indices) per rank batch, with the prefetcher kept in step."""

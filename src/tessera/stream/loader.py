@@ -3,10 +3,16 @@
 It counts the batches it hands out; `state_dict()` turns that into samples consumed over all ranks,
 which is all a resume needs. With `batch_path=True` the dataset yields whole per-device batches of
 stacked arrays (no per-sample dicts, no collate loop): the fast path for fixed-size columns.
+
+Object stores (S3, GCS, Azure) go through obstore, whose Rust (tokio) runtime does not survive fork():
+once the dataset has fetched its index in this process, a fork()ed DataLoader worker that touches the
+store hangs or crashes. With such a remote, workers therefore start from a forkserver (a clean process
+that has imported tessera.stream once) unless you pass `multiprocessing_context` yourself.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,7 +20,20 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
 
+from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
+
+
+def _needs_clean_workers(dataset: StreamingDataset) -> bool:
+    """Whether the dataset reads from an object store (obstore: not fork-safe once used)."""
+    return any(st.remote_store is not None and not isinstance(st.remote_store, LocalStore)
+               for st in dataset.streams)
+
+
+def _worker_context() -> multiprocessing.context.BaseContext:
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["tessera.stream"])  # workers start without importing torch again
+    return ctx
 
 
 class _BatchView(IterableDataset):
@@ -69,6 +88,9 @@ class StreamingDataLoader(DataLoader):
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers=True is not supported: workers must see the epoch and the "
                              "resume position at the start of every epoch")
+        if kwargs.get("num_workers", 0) > 0 and kwargs.get("multiprocessing_context") is None \
+                and _needs_clean_workers(dataset):
+            kwargs["multiprocessing_context"] = _worker_context()
         self.streaming_dataset = dataset
         self.batch_path = batch_path
         if batch_path:

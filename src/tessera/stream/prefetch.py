@@ -19,8 +19,9 @@ from tessera.stream.schedule import ShardNeed
 class Prefetcher:
     """Fetch shards from `needs` (in order) while they are within `window` samples of the reader."""
 
-    def __init__(self, needs: Iterator[ShardNeed], fetch: Callable[[int], Path], path_of: Callable[[int], Path],
-                 window: int, concurrency: int = 4) -> None:
+    def __init__(self, needs: Iterator[ShardNeed],
+                 fetch: Callable[[int, Callable[[Path], float]], Path | None],
+                 path_of: Callable[[int], Path], window: int, concurrency: int = 4) -> None:
         self._needs = needs
         self._fetch = fetch
         self._path_of = path_of
@@ -29,7 +30,7 @@ class Prefetcher:
         self._position = 0  # samples the reader has consumed
         self._stopped = False
         self._next_need: dict[Path, int] = {}  # shard file -> sample index of its first need
-        self._futures: dict[int, Future[Path]] = {}
+        self._futures: dict[int, Future[Path | None]] = {}
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tessera-prefetch")
         self._thread = threading.Thread(target=self._run, name="tessera-prefetch-plan", daemon=True)
         self._thread.start()
@@ -47,7 +48,8 @@ class Prefetcher:
         return math.inf if need is None else float(max(0, need - self._position))
 
     def wait_for(self, shard: int) -> Path | None:
-        """Block on the prefetch of `shard` if one is running; None if it was never started."""
+        """Block on the prefetch of `shard` if one is running; None if it was never started or skipped
+        (no room under cache_limit). The path is only a hint: the shard may be evicted until pinned."""
         future = self._futures.get(shard)
         return future.result() if future is not None else None
 
@@ -59,7 +61,7 @@ class Prefetcher:
                 if self._stopped:
                     return
                 self._next_need[self._path_of(need.shard)] = need.sample_index
-            self._futures[need.shard] = self._pool.submit(self._fetch, need.shard)
+            self._futures[need.shard] = self._pool.submit(self._fetch, need.shard, self.rank)
             self._forget_done()
 
     def _forget_done(self) -> None:
