@@ -12,9 +12,11 @@ samples and DDP never waits on a rank that ran out.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import resource
 import sys
 import time
 from collections import OrderedDict
@@ -35,9 +37,21 @@ from tessera.stream.state import StageTimes, check_resume_state, make_state
 from tessera.stream.streams import LoadedStream, Stream, load_stream, local_root_of
 from tessera.stream.world import World
 
-OPEN_READERS = 8  # shards kept memory-mapped (and pinned against eviction) per reader process
+# Shards kept memory-mapped (and pinned) per reader process. A shuffle block spans many shards, so this
+# must cover them all or samples re-open shards; an mmap and a lock fd per shard cost little. Under a
+# cache_limit it is capped so pins never hold more than the limit.
+OPEN_READERS = 256
 # ... fewer under a cache_limit: pinned shards cannot be evicted, so a reader keeps at most
 # cache_limit // largest shard - 1 of them open and leaves room for the next download.
+
+
+def _raise_open_file_limit() -> None:
+    """Each open shard holds an mmap and a pin lock (two fds): lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 class StreamingDataset(IterableDataset):
@@ -73,6 +87,7 @@ class StreamingDataset(IterableDataset):
         self.cache_limit = parse_size(cache_limit) if cache_limit is not None else None
         world = World.from_env()
         self._check_world(world)
+        _raise_open_file_limit()
         # cache_limit bounds (and evicts from) the folders of remote streams only: a local-only stream's
         # folder is the data itself, with no other copy, and must never be evicted from.
         roots = [local_root_of(s) for s in specs if s.remote is not None]
@@ -88,7 +103,8 @@ class StreamingDataset(IterableDataset):
         self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
         sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
         self._shard_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        lanes = num_canonical_nodes or 64 * world.num_nodes
+        # MosaicML's default (64 lanes per node), but never more lanes than samples.
+        lanes = num_canonical_nodes or max(1, min(64 * world.num_nodes, self.num_samples))
         self._config = PlanConfig(seed=shuffle_seed, num_lanes=lanes, shuffle=shuffle, shuffle_algo=shuffle_algo,
                                   shuffle_block_size=shuffle_block_size,
                                   epoch_size=parse_size(epoch_size) if epoch_size is not None else None,
