@@ -43,9 +43,15 @@ class Prefetcher:
                 self._cond.notify_all()
 
     def rank(self, path: Path) -> float:
-        """Eviction rank of a cached file: how far in the future it is needed (inf: not at all)."""
+        """Eviction rank of a cached file: how far in the future it is first needed.
+
+        Shards whose first need has passed rank like unneeded ones (inf): if the reader still uses one
+        it holds it open, and open shards are pinned, so only finished shards can actually go.
+        """
         need = self._next_need.get(path)
-        return math.inf if need is None else float(max(0, need - self._position))
+        if need is None or need < self._position:
+            return math.inf
+        return float(need - self._position)
 
     def wait_for(self, shard: int) -> Path | None:
         """Block on the prefetch of `shard` if one is running; None if it was never started or skipped
