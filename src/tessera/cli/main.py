@@ -6,12 +6,14 @@ import typer
 
 from tessera import __version__
 from tessera.cli.data import app as data_app
+from tessera.cli.llm import app as llm_app
 from tessera.cli.storage import app as storage_app
 
 app = typer.Typer(help="Tessera: train models on any compute, with data and checkpoints in object storage.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(storage_app, name="storage")
 app.add_typer(data_app, name="data")
+app.add_typer(llm_app, name="llm")
 
 
 @app.callback(invoke_without_command=True)

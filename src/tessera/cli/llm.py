@@ -1,0 +1,264 @@
+"""`tessera llm tokenizer train|prep|generate|eval|export|info`: language-model data, models and checks.
+
+torch is imported inside the commands that need it, so `tessera --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tessera.shards import ShardError
+from tessera.shards.sources import SourceError
+from tessera.storage import StorageError
+
+app = typer.Typer(help="Language models: tokenizers, data prep, generation, evaluation, export.",
+                  no_args_is_help=True)
+tokenizer_app = typer.Typer(help="Train byte-level BPE tokenizers.", no_args_is_help=True)
+app.add_typer(tokenizer_app, name="tokenizer")
+out = Console()
+err = Console(stderr=True)
+ERRORS = (ShardError, StorageError, SourceError, ValueError, FileNotFoundError)
+
+
+def _fail(exc: Exception) -> None:
+    err.print(f"[red]error:[/red] {exc}")
+    raise typer.Exit(1)
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(inputs: list[str] = typer.Argument(..., metavar="INPUT...", help="Files or folders."),
+                    vocab_size: int = typer.Option(8192, help="Tokens in total (bytes + merges + specials)."),
+                    out_path: str = typer.Option(..., "--out", help="Where to write the tokenizer JSON."),
+                    text_field: str = typer.Option("text", help="Field holding the text (JSONL, Parquet)."),
+                    fmt: str = typer.Option(None, "--format", help="text, lines, jsonl, parquet (guessed)."),
+                    suffix: list[str] = typer.Option(None, help="Only text files with this suffix (.py); "
+                                                                "repeatable."),
+                    min_frequency: int = typer.Option(2, help="Merge only pairs seen this often."),
+                    max_bytes: str = typer.Option(None, help="Read at most this much text, e.g. 50mb.")) -> None:
+    """Train a byte-level BPE on text files, JSONL or Parquet; saved as one JSON file."""
+    import time
+
+    from tessera.llm.tokenizer import train_bpe
+    from tessera.shards import parse_size
+
+    try:
+        t0 = time.perf_counter()
+        with err.status(f"training a {vocab_size:,}-token BPE on {', '.join(inputs)}"):
+            tok = train_bpe(inputs, vocab_size, text_field=text_field, fmt=fmt, suffixes=suffix or None,
+                            min_frequency=min_frequency,
+                            max_bytes=parse_size(max_bytes) if max_bytes else None)
+        tok.save(out_path)
+    except ERRORS as exc:
+        _fail(exc)
+    err.print(f"wrote {out_path}: {tok.vocab_size:,} tokens, EOS id {tok.eos_id} "
+              f"({time.perf_counter() - t0:.1f}s)")
+
+
+@app.command()
+def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parquet file/folder."),
+         out_url: str = typer.Argument(..., metavar="OUT", help="Output folder or bucket URL (gets train/, val/)."),
+         tokenizer: str = typer.Option(..., help="Tokenizer JSON, or 'byte'."),
+         seq_len: int = typer.Option(2048, help="Tokens per sample window."),
+         text_field: str = typer.Option("text", help="Field holding the text (JSONL, Parquet)."),
+         fmt: str = typer.Option(None, "--format", help="text (a document per file), lines, jsonl, parquet."),
+         suffix: list[str] = typer.Option(None, help="Only text files with this suffix (.py); repeatable."),
+         val_fraction: float = typer.Option(0.01, help="Fraction of documents held out for validation."),
+         workers: int = typer.Option(1, help="Tokenizing processes (the output does not depend on it)."),
+         compression: str = typer.Option(None, help="Shard compression, e.g. zstd."),
+         size_limit: str = typer.Option("64mb", help="Shard size limit."),
+         overwrite: bool = typer.Option(False, help="Replace existing datasets at OUT."),
+         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
+    """Tokenize a corpus, append EOS after each document, cut fixed windows, write train/val MDS."""
+    from tessera.llm.prep import prep as run_prep
+
+    try:
+        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err,
+                      disable=as_json) as bar:
+            task = bar.add_task("tokenizing (chunks)", total=None, rate="")
+
+            def progress(summary: Any, done: int, total: int) -> None:
+                bar.update(task, completed=done, total=total,
+                           rate=f"{summary.tokens:,} tokens, {summary.tokens_per_second:,.0f} tok/s")
+
+            summary = run_prep(input, out_url, tokenizer, seq_len=seq_len, text_field=text_field, fmt=fmt,
+                               suffixes=suffix or None,
+                               val_fraction=val_fraction, workers=workers, compression=compression,
+                               size_limit=size_limit, mode="overwrite" if overwrite else "create",
+                               progress=progress)
+    except ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps({**summary.__dict__, "tokens_per_second": summary.tokens_per_second}))
+        return
+    err.print(f"{summary.documents:,} documents, {summary.tokens:,} tokens in {summary.seconds:.1f}s "
+              f"({summary.tokens_per_second:,.0f} tok/s, {workers} worker(s))"
+              + (f"; skipped {summary.skipped_files:,} files that are not UTF-8" if summary.skipped_files else ""))
+    for split in ("train", "val"):
+        err.print(f"  {split}: {summary.windows[split]:,} windows of {seq_len} ({summary.dtype}) from "
+                  f"{summary.documents_per_split[split]:,} documents -> {out_url.rstrip('/')}/{split}")
+    if summary.windows["val"] == 0 and val_fraction > 0:
+        err.print("[yellow]warning:[/yellow] the val split is empty; raise --val-fraction or add documents")
+
+
+def _load(path: str, tokenizer: str | None) -> tuple[Any, Any]:
+    from tessera.llm.export import load_model
+    from tessera.llm.tokenizer import load_tokenizer
+
+    model, tok = load_model(path)
+    if tokenizer:
+        tok = load_tokenizer(tokenizer)
+    if tok is None:
+        raise ValueError(f"{path}: no tokenizer saved with the model; pass --tokenizer")
+    if tok.vocab_size > model.cfg.vocab_size:
+        raise ValueError(f"the tokenizer has {tok.vocab_size} tokens but the model only {model.cfg.vocab_size}")
+    return model, tok
+
+
+@app.command()
+def generate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
+             prompt: str = typer.Option(..., help="Text to continue."),
+             max_new_tokens: int = typer.Option(128),
+             temperature: float = typer.Option(0.8),
+             top_k: int = typer.Option(None, help="Sample among the k most likely tokens."),
+             top_p: float = typer.Option(None, help="Sample within the smallest set of probability p."),
+             greedy: bool = typer.Option(False, help="Always take the most likely token."),
+             seed: int = typer.Option(None, help="Seed the sampler (same seed, same text)."),
+             tokenizer: str = typer.Option(None, help="Tokenizer JSON or 'byte' (default: the model's)."),
+             no_cache: bool = typer.Option(False, help="Recompute every step (slow; for checking the cache)."),
+             as_json: bool = typer.Option(False, "--json", help="Print a JSON object instead of streaming.")) -> None:
+    """Continue a prompt with a trained model (KV cache; greedy, temperature, top-k, top-p)."""
+    import time
+
+    from tessera.llm.generate import generate as run_generate
+
+    try:
+        model, tok = _load(path, tokenizer)
+        ids = tok.encode(prompt) or [tok.eos_id]
+        new: list[int] = []
+        shown = [0]
+
+        def stream(token: int) -> None:
+            new.append(token)
+            text = tok.decode(new)
+            if not as_json and not text.endswith("\ufffd"):  # wait for the rest of a split character
+                sys.stdout.write(text[shown[0]:])
+                sys.stdout.flush()
+                shown[0] = len(text)
+
+        if not as_json:
+            sys.stdout.write(prompt)
+        t0 = time.perf_counter()
+        run_generate(model, ids, max_new_tokens, greedy=greedy, temperature=temperature, top_k=top_k,
+                     top_p=top_p, eos_id=tok.eos_id, use_cache=not no_cache, seed=seed, on_token=stream)
+        seconds = time.perf_counter() - t0
+    except ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps({"prompt": prompt, "completion": tok.decode(new), "tokens": new,
+                               "seconds": seconds}))
+        return
+    sys.stdout.write("\n")
+    err.print(f"[dim]{len(new)} tokens in {seconds:.2f}s ({len(new) / max(seconds, 1e-9):,.1f} tok/s)[/dim]")
+
+
+@app.command("eval")
+def evaluate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
+             data: str = typer.Option(None, help="Prepared data folder or URL: perplexity on --split."),
+             split: str = typer.Option("val"),
+             batch_size: int = typer.Option(8),
+             max_batches: int = typer.Option(None, help="Evaluate at most this many batches."),
+             task: list[str] = typer.Option(None, help="Multiple-choice JSONL task file or shipped name "
+                                                       "(tiny_mc); repeatable."),
+             num_fewshot: int = typer.Option(0),
+             reduction: str = typer.Option("mean", help="Score choices by mean or sum log-likelihood."),
+             tokenizer: str = typer.Option(None, help="Tokenizer JSON or 'byte' (default: the model's)."),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Perplexity on a held-out split and/or multiple-choice accuracy on ICL tasks."""
+    from tessera.llm.eval import ModelScorer, evaluate_multiple_choice, load_mc_task, mds_batches, perplexity
+
+    if not data and not task:
+        _fail(ValueError("nothing to evaluate: pass --data and/or --task"))
+    results: dict[str, Any] = {}
+    try:
+        model, tok = _load(path, tokenizer) if task else (_load_model_only(path), None)
+        if data:
+            ppl = perplexity(model, mds_batches(data, split, batch_size, max_batches))
+            results["perplexity"] = ppl.__dict__
+        for name in task or []:
+            res = evaluate_multiple_choice(load_mc_task(name), ModelScorer(model, tok, reduction), num_fewshot)
+            results[f"mc/{name}"] = {"accuracy": res.accuracy, "items": res.items}
+    except ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(results))
+        return
+    if "perplexity" in results:
+        p = results["perplexity"]
+        out.print(f"{data} [{split}]: loss {p['loss']:.4f}, perplexity {p['perplexity']:.2f} "
+                  f"over {p['tokens']:,} tokens")
+    for key, value in results.items():
+        if key.startswith("mc/"):
+            out.print(f"{key[3:]}: accuracy {value['accuracy']:.3f} on {value['items']} items "
+                      f"({num_fewshot}-shot, {reduction})")
+
+
+def _load_model_only(path: str) -> Any:
+    from tessera.llm.export import load_model
+
+    return load_model(path)[0]
+
+
+@app.command()
+def export(path: str = typer.Argument(..., metavar="CHECKPOINT"),
+           out_url: str = typer.Argument(..., metavar="OUT", help="Folder or bucket URL for the export."),
+           tokenizer: str = typer.Option(None, help="Tokenizer JSON or 'byte' (default: the run's).")) -> None:
+    """Save a checkpoint's model as safetensors + config.json (+ tokenizer.json)."""
+    from tessera.llm.export import load_model, save_pretrained
+    from tessera.llm.tokenizer import load_tokenizer
+
+    try:
+        model, tok = load_model(path)
+        if tokenizer:
+            tok = load_tokenizer(tokenizer)
+        url = save_pretrained(model, out_url, tokenizer=tok)
+    except ERRORS as exc:
+        _fail(exc)
+    err.print(f"exported {model.num_params():,} parameters to {url}" + ("" if tok else " (no tokenizer)"))
+
+
+@app.command()
+def info(configs: list[str] = typer.Argument(None, help="Named configs (default: all)."),
+         seq_len: int = typer.Option(None, help="Context length for FLOPs (default: the config's)."),
+         as_json: bool = typer.Option(False, "--json")) -> None:
+    """Parameters and training FLOPs per token of the named model configs (built on the meta device)."""
+    import torch
+
+    from tessera.llm.model import GPT, NAMED_CONFIGS, GPTConfig
+
+    rows = []
+    try:
+        for name in configs or list(NAMED_CONFIGS):
+            cfg = GPTConfig.named(name)
+            with torch.device("meta"):
+                model = GPT(cfg)
+            length = seq_len or cfg.max_seq_len
+            rows.append({"name": name, "params": model.num_params(), "seq_len": length,
+                         "flops_per_token": model.flops_per_token(length), **cfg.to_dict()})
+    except ERRORS as exc:
+        _fail(exc)
+    if as_json:
+        typer.echo(json.dumps(rows))
+        return
+    table = Table("config", "params", "d_model", "heads", "layers", "vocab", "seq", "train FLOPs/token")
+    for r in rows:
+        table.add_row(r["name"], f"{r['params'] / 1e6:,.1f}M", str(r["d_model"]), str(r["n_heads"]),
+                      str(r["n_layers"]), f"{r['vocab_size']:,}", str(r["seq_len"]), f"{r['flops_per_token']:.3e}")
+    out.print(table)

@@ -1,0 +1,144 @@
+"""Export: a model as safetensors + a config JSON (+ its tokenizer), in a folder or bucket; and load back.
+
+    save_pretrained(model, "out/gpt-tiny", tokenizer=tok)      # or "s3://bucket/models/gpt-tiny"
+    model, tok = load_pretrained("out/gpt-tiny")
+    model, tok = load_model("s3://bucket/runs/r1/checkpoints")  # an export, or a training checkpoint
+
+The folder holds `model.safetensors`, `tokenizer.json` (when a tokenizer is given) and `config.json`,
+written last so that a folder with a config is complete:
+
+    {"format": "tessera-gpt", "version": 1, "model": {<GPTConfig fields>}, "tokenizer": "tokenizer.json"}
+
+Checkpoints (see tessera.train.checkpoint) are read through `CheckpointManager.load(weights_only=True)`.
+Their run config must hold the model config under "model" (GPTConfig fields, optionally "name" of a named
+config) and may name the tokenizer under "tokenizer" (a path, "byte", or {"path": ...}).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tessera.llm.model import GPT, GPTConfig
+from tessera.llm.tokenizer import Tokenizer, load_tokenizer
+from tessera.storage import NotFound, Store, open_store
+
+FORMAT = "tessera-gpt"
+CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
+WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile and DDP wrappers
+
+
+class ExportError(ValueError):
+    """A folder is neither an export nor a checkpoint, or its config does not describe a model."""
+
+
+def save_pretrained(model: GPT, out: str | os.PathLike[str] | Store, tokenizer: Tokenizer | None = None,
+                    metadata: dict[str, str] | None = None) -> str:
+    """Write the model (and tokenizer) to `out`; returns the folder's URL."""
+    from safetensors.torch import save_file
+
+    store = out if isinstance(out, Store) else open_store(out)
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+    with tempfile.TemporaryDirectory(prefix="tessera-export-") as tmp:
+        weights = Path(tmp) / WEIGHTS
+        save_file(tensors, weights, metadata={"format": "pt", **(metadata or {})})
+        store.put_file(WEIGHTS, weights)
+        if tokenizer is not None:
+            tokenizer.save(Path(tmp) / TOKENIZER)
+            store.put_file(TOKENIZER, Path(tmp) / TOKENIZER)
+    config = {"format": FORMAT, "version": 1, "model": model.cfg.to_dict(),
+              "tokenizer": TOKENIZER if tokenizer is not None else None}
+    store.put(CONFIG, json.dumps(config, indent=2).encode())
+    return store.url
+
+
+def _read_config(store: Store) -> dict[str, Any] | None:
+    try:
+        config = json.loads(store.get(CONFIG))
+    except NotFound:
+        return None
+    if config.get("format") != FORMAT:
+        raise ExportError(f"{store.url_for(CONFIG)}: not a tessera model export (format {config.get('format')!r})")
+    return config
+
+
+def _local_copy(store: Store, key: str, tmp: str) -> Path:
+    path = store.local_path(key)
+    if path is not None and path.is_file():
+        return path
+    path = Path(tmp) / key
+    path.write_bytes(store.get(key))
+    return path
+
+
+def load_pretrained(folder: str | os.PathLike[str] | Store, device: torch.device | str = "cpu",
+                    ) -> tuple[GPT, Tokenizer | None]:
+    """The model and tokenizer (None if the export has none) saved by `save_pretrained`."""
+    from safetensors.torch import load_file
+
+    store = folder if isinstance(folder, Store) else open_store(folder)
+    config = _read_config(store)
+    if config is None:
+        raise ExportError(f"{store.url}: no {CONFIG}; not an export (or an unfinished one)")
+    model = GPT(GPTConfig.from_dict(config["model"]))
+    with tempfile.TemporaryDirectory(prefix="tessera-load-") as tmp:
+        model.load_state_dict(load_file(_local_copy(store, WEIGHTS, tmp)))
+        tokenizer = None
+        if config.get("tokenizer") == "byte":
+            tokenizer = load_tokenizer("byte")
+        elif config.get("tokenizer"):
+            tokenizer = load_tokenizer(_local_copy(store, config["tokenizer"], tmp))
+    return model.to(device).eval(), tokenizer
+
+
+def model_config_from_run(run_config: dict[str, Any]) -> GPTConfig:
+    """The GPTConfig in a training run's config (its "model" section; keys it does not know are ignored)."""
+    section = run_config.get("model")
+    if not isinstance(section, dict):
+        raise ExportError("the checkpoint's run config has no 'model' section to build the model from")
+    known = {f for f in GPTConfig.__dataclass_fields__} | {"name"}
+    return GPTConfig.from_dict({k: v for k, v in section.items() if k in known})
+
+
+def _tokenizer_from_run(run_config: dict[str, Any]) -> Tokenizer | None:
+    spec = run_config.get("tokenizer")
+    if isinstance(spec, dict):
+        spec = spec.get("path") or spec.get("name")
+    if not spec:
+        return None
+    try:
+        return load_tokenizer(spec)
+    except ValueError:
+        return None  # moved since training; the caller can pass one explicitly
+
+
+def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu",
+               ) -> tuple[GPT, Tokenizer | None]:
+    """A model from an export folder, a checkpoint folder, or a run's checkpoint root (newest checkpoint)."""
+    store = open_store(path)
+    if _read_config(store) is not None:
+        return load_pretrained(store, device)
+    from tessera.train.checkpoint import CheckpointManager
+
+    manager = CheckpointManager(os.fspath(path))
+    try:
+        state = manager.load(os.fspath(path), weights_only=True)
+    except Exception as exc:
+        raise ExportError(f"{path}: neither a model export (no {CONFIG}) nor a loadable checkpoint: {exc}") from exc
+    finally:
+        manager.close()
+    model = GPT(model_config_from_run(state.get("config") or {}))
+    weights = {_strip_prefixes(k): v for k, v in state["model"].items()}
+    model.load_state_dict(weights)
+    return model.to(device).eval(), _tokenizer_from_run(state.get("config") or {})
+
+
+def _strip_prefixes(key: str) -> str:
+    for prefix in WRAPPER_PREFIXES:
+        key = key.removeprefix(prefix)
+    return key

@@ -1,0 +1,312 @@
+"""An MPT-style decoder-only transformer, in one file.
+
+    cfg = GPTConfig.named("tiny", vocab_size=tokenizer.vocab_size)
+    model = GPT(cfg)
+    loss = model({"tokens": tokens})                  # tokens: integer tensor [B, L] -> next-token loss
+    logits = model(input_ids)                         # [B, T] -> [B, T, vocab]
+    loss = model(input_ids, targets=targets)          # targets[b, t] is the token after input_ids[b, t]
+
+The trainer contract is `model(batch) -> loss` with `batch = {"tokens": [B, L]}`: positions 0..L-2 predict
+tokens 1..L-1 (so a window of L tokens gives L-1 predictions, as in LLM Foundry). `-100` in targets (or in
+an optional `batch["labels"]`, aligned with `tokens`) is ignored.
+
+Shape of the network (MPT): token embedding, no position embedding (ALiBi biases attention by distance;
+RoPE rotates queries and keys instead), `n_layers` pre-norm blocks of fused-QKV attention and a GELU MLP,
+a final norm, and an output layer tied to the embedding. Attention runs in `F.scaled_dot_product_attention`:
+with RoPE its causal flash kernel; ALiBi's distance bias goes in as an additive mask (the memory-efficient
+kernel on GPUs). Parameter names follow MPT's.
+
+Large configs build on the meta device in milliseconds, for parameter and FLOP counts:
+`with torch.device("meta"): GPT(GPTConfig.named("mpt-7b")).num_params()`; to train one, materialize with
+`model.to_empty(device=...)` (after sharding) and call `model.init_weights()`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of the positions in a forward pass
+
+# MPT's published shapes (LLM Foundry's pretrain YAMLs), and a model small enough to train on a CPU.
+NAMED_CONFIGS: dict[str, dict[str, Any]] = {
+    "tiny": dict(d_model=256, n_heads=4, n_layers=4, max_seq_len=256, vocab_size=8192),
+    "mpt-125m": dict(d_model=768, n_heads=12, n_layers=12, max_seq_len=2048, vocab_size=50368),
+    "mpt-350m": dict(d_model=1024, n_heads=16, n_layers=24, max_seq_len=2048, vocab_size=50368),
+    "mpt-1b": dict(d_model=2048, n_heads=16, n_layers=24, max_seq_len=2048, vocab_size=50368),
+    "mpt-3b": dict(d_model=2560, n_heads=20, n_layers=32, max_seq_len=2048, vocab_size=50368),
+    "mpt-7b": dict(d_model=4096, n_heads=32, n_layers=32, max_seq_len=2048, vocab_size=50368),
+}
+
+
+@dataclass
+class GPTConfig:
+    d_model: int = 256
+    n_heads: int = 4
+    n_layers: int = 4
+    vocab_size: int = 50368
+    max_seq_len: int = 2048
+    expansion_ratio: int = 4       # MLP hidden size = expansion_ratio * d_model
+    attn: str = "alibi"            # "alibi" | "rope"
+    alibi_bias_max: float = 8.0    # slopes 2^(-alibi_bias_max * h / n_heads), as in MPT
+    rope_theta: float = 10000.0
+    no_bias: bool = True           # no biases in linear layers and norms (MPT's default)
+    norm: str = "layernorm"        # "layernorm" | "rmsnorm"
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True    # the output layer reuses the token embedding
+    dropout: float = 0.0           # embedding, attention and residual dropout
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "n_layers", "vocab_size", "max_seq_len", "expansion_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
+        if self.attn not in ("alibi", "rope"):
+            raise ValueError(f"model.attn must be 'alibi' or 'rope', got {self.attn!r}")
+        if self.attn == "rope" and self.head_dim % 2:
+            raise ValueError(f"model.attn='rope' needs an even head size, got d_model/n_heads = {self.head_dim}")
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(f"model.norm must be 'layernorm' or 'rmsnorm', got {self.norm!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model.dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> GPTConfig:
+        """A config from a dict; `name` (optional) picks a named config the other keys override."""
+        values = dict(values)
+        base = NAMED_CONFIGS[_check_name(values.pop("name"))] if values.get("name") else {}
+        known = [f.name for f in fields(cls)]
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(key, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+                raise ValueError(f"unknown model config key {key!r}{hint}")
+        return cls(**{**base, **values})
+
+    @classmethod
+    def named(cls, name: str, **overrides: Any) -> GPTConfig:
+        return cls.from_dict({"name": name, **overrides})
+
+
+def _check_name(name: str) -> str:
+    if name not in NAMED_CONFIGS:
+        close = difflib.get_close_matches(name, list(NAMED_CONFIGS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(f"unknown model config {name!r}; {hint}choose from {', '.join(NAMED_CONFIGS)}")
+    return name
+
+
+class KVCache:
+    """Keys and values of the tokens seen so far, preallocated for `max_len` positions per layer."""
+
+    def __init__(self, cfg: GPTConfig, batch_size: int, max_len: int, device: torch.device | str,
+                 dtype: torch.dtype) -> None:
+        shape = (cfg.n_layers, batch_size, cfg.n_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.max_len = max_len
+        self.pos = 0  # tokens already stored; advanced by GPT.forward after every layer has written
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self.pos + k.size(2)
+        if end > self.max_len:
+            raise ValueError(f"KV cache is full: {end} positions needed, {self.max_len} allocated")
+        self.k[layer, :, :, self.pos:end] = k
+        self.v[layer, :, :, self.pos:end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+
+def alibi_slopes(n_heads: int, bias_max: float = 8.0) -> torch.Tensor:
+    """MPT's ALiBi slopes; for a head count that is not a power of two, interleaved from the next one."""
+    n = 2 ** math.ceil(math.log2(n_heads))
+    slopes = 1.0 / 2 ** (torch.arange(1, n + 1, dtype=torch.float32) * (bias_max / n))
+    if n != n_heads:
+        slopes = torch.cat([slopes[1::2], slopes[::2]])[:n_heads]
+    return slopes
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (rotate-half form) of x: [B, H, T, D] with cos, sin: [T, D]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def make_norm(cfg: GPTConfig) -> nn.Module:
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=not cfg.no_bias)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.Wqkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=not cfg.no_bias)
+        self.out_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=not cfg.no_bias)
+        self.out_proj.residual = True  # type: ignore[assignment]  # scaled init, see GPT._init_weights
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rope: Rope | None, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)
+                   for t in self.Wqkv(x).split(C, dim=2))
+        if rope is not None:
+            q, k = rotate(q, *rope), rotate(k, *rope)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)
+        # Without a mask (training, RoPE) the kernel's own causal mask applies; a mask carries ALiBi or
+        # the offset causal pattern of a cached step.
+        causal = attn_mask is None and T > 1
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
+                                           dropout_p=self.cfg.dropout if self.training else 0.0)
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        hidden = cfg.expansion_ratio * cfg.d_model
+        self.up_proj = nn.Linear(cfg.d_model, hidden, bias=not cfg.no_bias)
+        self.down_proj = nn.Linear(hidden, cfg.d_model, bias=not cfg.no_bias)
+        self.down_proj.residual = True  # type: ignore[assignment]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.gelu(self.up_proj(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.norm_1, self.attn = make_norm(cfg), Attention(cfg)
+        self.norm_2, self.ffn = make_norm(cfg), MLP(cfg)
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rope: Rope | None, layer: int,
+                cache: KVCache | None) -> torch.Tensor:
+        x = x + self.resid_dropout(self.attn(self.norm_1(x), attn_mask, rope, layer, cache))
+        return x + self.resid_dropout(self.ffn(self.norm_2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.vocab_size, cfg.d_model),
+            emb_drop=nn.Dropout(cfg.dropout),
+            blocks=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers)),
+            norm_f=make_norm(cfg),
+        ))
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        for name in ("alibi_slopes",) if cfg.attn == "alibi" else ("rope_cos", "rope_sin"):
+            self.register_buffer(name, None, persistent=False)
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """(Re)initialize parameters and position buffers, e.g. after `to_empty()` of a meta-device model."""
+        cfg, device = self.cfg, self.transformer.wte.weight.device
+        if cfg.attn == "alibi":
+            self.alibi_slopes = alibi_slopes(cfg.n_heads, cfg.alibi_bias_max).to(device)
+        else:
+            half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
+            positions = torch.arange(cfg.max_seq_len, dtype=torch.float32, device=device)
+            angles = torch.outer(positions, 1.0 / cfg.rope_theta ** half).repeat(1, 2)
+            self.rope_cos, self.rope_sin = angles.cos(), angles.sin()
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        """Normal(0, init_std) weights; residual output projections scaled by 1/sqrt(2 n_layers) (GPT-2)."""
+        if isinstance(module, nn.Linear):
+            std = self.cfg.init_std
+            if getattr(module, "residual", False):
+                std /= math.sqrt(2 * self.cfg.n_layers)
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.cfg.init_std)
+        elif isinstance(module, nn.LayerNorm | nn.RMSNorm):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+    # --- accounting (MFU) -------------------------------------------------------------------------
+
+    def num_params(self) -> int:
+        """Every trainable parameter, the tied embedding counted once."""
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token (forward + backward): 6N + 12 * n_layers * d_model * seq_len.
+
+        The standard estimate (Kaplan et al.; PaLM appendix B; LLM Foundry's MFU): 2N per token for the
+        matmuls forward and 4N backward, plus the attention scores and their weighted sum, which grow
+        with the context length.
+        """
+        seq_len = seq_len or self.cfg.max_seq_len
+        return 6 * self.num_params() + 12 * self.cfg.n_layers * self.cfg.d_model * seq_len
+
+    # --- forward ------------------------------------------------------------------------------------
+
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        weight = self.transformer.wte.weight
+        return KVCache(self.cfg, batch_size, max_len or self.cfg.max_seq_len, weight.device, weight.dtype)
+
+    def _attention_inputs(self, T: int, start: int, device: torch.device,
+                          dtype: torch.dtype) -> tuple[torch.Tensor | None, Rope | None]:
+        """(attention mask, RoPE tables) for queries at positions start..start+T-1 over keys 0..start+T-1."""
+        q_pos = torch.arange(start, start + T, device=device)[:, None]
+        k_pos = torch.arange(start + T, device=device)[None, :]
+        if self.cfg.attn == "alibi":
+            slopes = self.alibi_slopes.to(dtype)[:, None, None]  # [H, 1, 1]
+            bias = -slopes * (q_pos - k_pos).clamp(min=0).to(dtype)
+            return bias.masked_fill(k_pos > q_pos, float("-inf")), None
+        rope = (self.rope_cos[start:start + T].to(dtype), self.rope_sin[start:start + T].to(dtype))
+        return (None if start == 0 else k_pos <= q_pos), rope
+
+    def forward(self, input_ids: torch.Tensor | dict[str, torch.Tensor], targets: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab]; or the mean cross-entropy when `targets` or a batch dict is given."""
+        if isinstance(input_ids, dict):
+            return self.loss(input_ids)
+        B, T = input_ids.shape
+        start = kv_cache.pos if kv_cache is not None else 0
+        if start + T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {start + T} tokens is longer than "
+                             f"model.max_seq_len={self.cfg.max_seq_len}")
+        x = self.transformer.emb_drop(self.transformer.wte(input_ids))
+        attn_mask, rope = self._attention_inputs(T, start, x.device, x.dtype)
+        for layer, block in enumerate(self.transformer.blocks):
+            x = block(x, attn_mask, rope, layer, kv_cache)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        x = self.transformer.norm_f(x)
+        logits = F.linear(x, self.transformer.wte.weight) if self.lm_head is None else self.lm_head(x)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1).long(),
+                               ignore_index=IGNORE_INDEX)
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Next-token cross-entropy of {"tokens": [B, L]} (and optional "labels" aligned with tokens)."""
+        tokens = batch["tokens"].long()
+        labels = batch.get("labels")
+        targets = (tokens if labels is None else labels.long())[:, 1:]
+        return self(tokens[:, :-1], targets=targets)
