@@ -5,14 +5,20 @@ from __future__ import annotations
 import typer
 
 from tessera import __version__
+from tessera.cli.cluster import app as cluster_app
 from tessera.cli.data import app as data_app
 from tessera.cli.llm import app as llm_app
+from tessera.cli.run import app as run_app
+from tessera.cli.secret import app as secret_app
 from tessera.cli.storage import app as storage_app
 
 app = typer.Typer(help="Tessera: train models on any compute, with data and checkpoints in object storage.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(storage_app, name="storage")
 app.add_typer(data_app, name="data")
+app.add_typer(run_app, name="run")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(secret_app, name="secret")
 app.add_typer(llm_app, name="llm")
 
 

@@ -1,0 +1,33 @@
+"""Runs anywhere: run specs, clusters (local, Slurm, experimental Kubernetes), secrets, and a supervisor
+that detects failures, resumes and moves runs. The platform launches commands and reads what runs
+report (heartbeats, events, exit status, logs); it never imports training code. See docs/platform.md.
+"""
+
+from tessera.platform.errors import (
+    ClusterError,
+    PlatformError,
+    RunFailed,
+    RunNotFound,
+    RunStateError,
+    SecretError,
+    SpecError,
+)
+from tessera.platform.sdk import (
+    Platform,
+    Run,
+    create_run,
+    follow_logs,
+    get_run,
+    list_runs,
+    move_run,
+    restart_run,
+    stop_run,
+    wait_for_run_status,
+)
+from tessera.platform.spec import RunSpec, load_spec, parse_spec
+
+__all__ = [
+    "ClusterError", "Platform", "PlatformError", "Run", "RunFailed", "RunNotFound", "RunSpec", "RunStateError",
+    "SecretError", "SpecError", "create_run", "follow_logs", "get_run", "list_runs", "load_spec", "move_run",
+    "parse_spec", "restart_run", "stop_run", "wait_for_run_status",
+]

@@ -1,0 +1,350 @@
+"""The Kubernetes backend (experimental: tested against a stub API server, never a real cluster).
+
+One resumption is a batch/v1 Job (one node) or a JobSet (jobset.x-k8s.io/v1alpha2, several nodes: one
+Indexed Job whose pods are the nodes; JobSet gives them stable DNS names, so MASTER_ADDR is pod 0's).
+NODE_RANK comes from the pod's completion index, NNODES, MASTER_ADDR and MASTER_PORT are set, and with
+several ranks per node the command runs under torchrun. Secrets become a Secret object: env values are
+referenced with secretKeyRef (never inlined in the Job) and files are mounted at their mount path.
+Parameters are a ConfigMap mounted at /etc/tessera/parameters.yaml. Excluded nodes become a node
+affinity (kubernetes.io/hostname NotIn ...).
+
+Not done here (see docs/platform.md): gang admission (needs Kueue or a co-scheduler), hang detection
+(the heartbeat path is inside the pod; pointing TESSERA_HEARTBEAT at a URL the supervisor serves is the
+way forward), and preemption signals beyond pod eviction reasons.
+
+Config keys: namespace (default "default"), image (default image; a spec's `image` wins), kubeconfig,
+context, host (API server URL instead of a kubeconfig), verify_ssl, master_port (default 29500).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tessera.platform.clusters.base import (
+    ClusterBackend,
+    JobState,
+    JobStatus,
+    LaunchRequest,
+    NodeExit,
+    NodeInfo,
+)
+from tessera.platform.errors import ClusterError
+from tessera.platform.spec import RunSpec
+
+LABEL_RUN, LABEL_JOB = "tessera.dev/run", "tessera.dev/job"
+INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"
+JOBSET_GROUP, JOBSET_VERSION = "jobset.x-k8s.io", "v1alpha2"
+LOG_SYNC_EVERY = 15.0   # seconds between log copies while a job runs (and once at the end)
+
+
+def _dns(name: str, limit: int = 63) -> str:
+    out = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")
+    return out[:limit].rstrip("-") or "run"
+
+
+def job_name(run_name: str, resumption: int) -> str:
+    suffix = f"-r{resumption}"
+    return _dns("tessera-" + run_name, 40 - len(suffix)) + suffix   # JobSet pod names add ~20 characters
+
+
+def _secret_key(name: str) -> str:
+    return re.sub(r"[^-._a-zA-Z0-9]", "_", name)
+
+
+def build_manifests(request: LaunchRequest, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The objects to create, in order: [Secret], ConfigMap, then the Job or JobSet."""
+    spec, name = request.spec, job_name(request.run_name, request.resumption)
+    namespace = config.get("namespace") or "default"
+    image = spec.image or config.get("image")
+    if not image:
+        raise ClusterError(f"run {request.run_name}: a Kubernetes cluster needs a container image; set `image:` "
+                           "in the run spec or `--image` on the cluster")
+    labels = {LABEL_RUN: _dns(request.run_name), LABEL_JOB: name, "tessera.dev/resumption": str(request.resumption)}
+    meta = {"name": name, "namespace": namespace, "labels": labels}
+    objects: list[dict[str, Any]] = []
+    nodes, per_node = spec.compute.nodes, spec.compute.ranks_per_node
+    port = str(config.get("master_port") or 29500)
+    master = f"{name}-node-0-0.{name}" if nodes > 1 else "127.0.0.1"
+
+    env = [{"name": k, "value": v} for k, v in request.env.items()
+           if k not in ("TESSERA_HEARTBEAT", "TESSERA_PARAMETERS", "PATH")]
+    env += [{"name": "TESSERA_HEARTBEAT", "value": "/tmp/tessera/heartbeat.json"},
+            {"name": "TESSERA_PARAMETERS", "value": "/etc/tessera/parameters.yaml"},
+            {"name": "NNODES", "value": str(nodes)}, {"name": "MASTER_ADDR", "value": master},
+            {"name": "MASTER_PORT", "value": port},
+            {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
+                "fieldPath": f"metadata.annotations['{INDEX_ANNOTATION}']"}}}]
+    volumes: list[dict[str, Any]] = [{"name": "parameters", "configMap": {"name": f"{name}-params"}}]
+    mounts: list[dict[str, Any]] = [{"name": "parameters", "mountPath": "/etc/tessera", "readOnly": True}]
+    objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "name": f"{name}-params"},
+                    "data": {"parameters.yaml": yaml.safe_dump(spec.parameters, sort_keys=False)}})
+    if request.secret_env or request.secret_files:
+        data = {f"env.{_secret_key(k)}": v for k, v in request.secret_env.items()}
+        items = []
+        for path, mount, var in request.secret_files:
+            key = f"file.{_secret_key(path.name)}"
+            data[key] = Path(path).read_text(encoding="utf-8")
+            items.append((key, mount, var))
+        objects.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                           "metadata": {**meta, "name": f"{name}-secrets"}, "stringData": data})
+        env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": f"{name}-secrets", "key": f"env.{_secret_key(k)}"}}}
+                for k in request.secret_env]
+        for i, (key, mount, var) in enumerate(items):
+            volumes.append({"name": f"secret-file-{i}", "secret": {"secretName": f"{name}-secrets",
+                                                                   "items": [{"key": key, "path": Path(mount).name}],
+                                                                   "defaultMode": 0o400}})
+            mounts.append({"name": f"secret-file-{i}", "mountPath": str(Path(mount).parent), "readOnly": True})
+            env.append({"name": var, "value": mount})
+
+    command = ["bash", "-c", spec.command]
+    if per_node > 1:
+        command = ["torchrun", f"--nnodes={nodes}", "--node-rank=$(NODE_RANK)", f"--nproc-per-node={per_node}",
+                   "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)", "--no-python", *command]
+    resources: dict[str, dict[str, Any]] = {}
+    if spec.compute.cpus_per_node:
+        resources.setdefault("requests", {})["cpu"] = str(spec.compute.cpus_per_node)
+    if spec.compute.gpus_per_node:
+        resources.setdefault("limits", {})["nvidia.com/gpu"] = str(spec.compute.gpus_per_node)
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [{"name": "main", "image": image, "command": command, "env": env, "volumeMounts": mounts,
+                        **({"resources": resources} if resources else {})}],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": int(spec.scheduling.stop_grace),
+    }
+    if request.exclude:
+        pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn",
+                                   "values": sorted(request.exclude)}]}]}}}
+    if spec.scheduling.priority != "normal":
+        pod["priorityClassName"] = f"tessera-{spec.scheduling.priority}"
+    job_spec: dict[str, Any] = {
+        "backoffLimit": 0,          # the supervisor retries, after classifying the failure
+        "completions": nodes, "parallelism": nodes, "completionMode": "Indexed",
+        "template": {"metadata": {"labels": labels}, "spec": pod},
+    }
+    if request.time_limit:
+        job_spec["activeDeadlineSeconds"] = int(request.time_limit)
+    if nodes == 1:
+        objects.append({"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec})
+    else:
+        objects.append({"apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}", "kind": "JobSet", "metadata": meta,
+                        "spec": {"network": {"enableDNSHostnames": True, "subdomain": name},
+                                 "failurePolicy": {"maxRestarts": 0},
+                                 "replicatedJobs": [{"name": "node", "replicas": 1,
+                                                     "template": {"metadata": {"labels": labels},
+                                                                  "spec": job_spec}}]}})
+    return objects
+
+
+class KubernetesBackend(ClusterBackend):
+    type = "kubernetes"
+
+    def __init__(self, name: str, config: dict[str, Any]) -> None:
+        super().__init__(name, config)
+        try:
+            import kubernetes  # noqa: F401
+        except ImportError:
+            raise ClusterError("the Kubernetes backend needs the `kubernetes` client: pip install "
+                               "'tessera[k8s]'") from None
+        self._api: Any = None
+
+    @property
+    def namespace(self) -> str:
+        return self.config.get("namespace") or "default"
+
+    def api_client(self) -> Any:
+        if self._api is None:
+            from kubernetes import client, config
+            if self.config.get("host"):
+                configuration = client.Configuration()
+                configuration.host = self.config["host"]
+                configuration.verify_ssl = bool(self.config.get("verify_ssl", True))
+                self._api = client.ApiClient(configuration)
+            else:
+                try:
+                    self._api = config.new_client_from_config(config_file=self.config.get("kubeconfig"),
+                                                              context=self.config.get("context"))
+                except Exception as exc:   # the client raises ConfigException, OSError, ...
+                    raise ClusterError(f"cluster {self.name!r}: cannot load kubeconfig: {exc}") from None
+        return self._api
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise ClusterError(f"cluster {self.name!r}: {what} failed: {exc.status} {exc.reason}") from None
+        except OSError as exc:
+            raise ClusterError(f"cluster {self.name!r}: {what} failed: {exc}") from None
+
+    def check(self, spec: RunSpec) -> None:
+        if not (spec.image or self.config.get("image")):
+            raise ClusterError(f"cluster {self.name!r} runs containers: set `image:` in the run spec or add the "
+                               "cluster with --image")
+
+    def submit(self, request: LaunchRequest) -> dict[str, Any]:
+        from kubernetes import client
+        api = self.api_client()
+        core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+        objects = build_manifests(request, self.config)
+        created: list[tuple[str, str]] = []
+        for obj in objects:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            if kind == "Secret":
+                self._call("creating the Secret", core.create_namespaced_secret, self.namespace, obj)
+            elif kind == "ConfigMap":
+                self._call("creating the ConfigMap", core.create_namespaced_config_map, self.namespace, obj)
+            elif kind == "Job":
+                self._call("creating the Job", batch.create_namespaced_job, self.namespace, obj)
+            else:
+                self._call("creating the JobSet", custom.create_namespaced_custom_object, JOBSET_GROUP,
+                           JOBSET_VERSION, self.namespace, "jobsets", obj)
+            created.append((kind, name))
+        kind, name = created[-1]
+        return {"job_id": name, "kind": kind, "namespace": self.namespace, "folder": str(request.folder),
+                "objects": created, "nodes": [], "grace": int(request.spec.scheduling.stop_grace)}
+
+    def _pods(self, handle: dict[str, Any]) -> list[Any]:
+        from kubernetes import client
+        core = client.CoreV1Api(self.api_client())
+        pods = self._call("listing pods", core.list_namespaced_pod, handle["namespace"],
+                          label_selector=f"{LABEL_JOB}={handle['job_id']}")
+        return list(pods.items or [])
+
+    def _job_conditions(self, handle: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """Conditions of the Job/JobSet ([{type, status, reason}]), or None if it is gone."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        api = self.api_client()
+        try:
+            if handle["kind"] == "Job":
+                job = client.BatchV1Api(api).read_namespaced_job_status(handle["job_id"], handle["namespace"])
+                conditions = job.status.conditions if job.status else None
+                return [{"type": c.type, "status": c.status, "reason": c.reason or ""} for c in conditions or []]
+            body = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                JOBSET_GROUP, JOBSET_VERSION, handle["namespace"], "jobsets", handle["job_id"])
+            return [{"type": c.get("type"), "status": c.get("status"), "reason": c.get("reason") or ""}
+                    for c in (body.get("status") or {}).get("conditions") or []]
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ClusterError(f"cluster {self.name!r}: reading {handle['job_id']} failed: {exc.status} "
+                               f"{exc.reason}") from None
+
+    def status(self, handle: dict[str, Any]) -> JobStatus:
+        conditions = self._job_conditions(handle)
+        if conditions is None:
+            state = JobState.CANCELLED if handle.get("cancelled") else JobState.LOST
+            return JobStatus(state, nodes=handle.get("nodes") or [], reason="the job object is gone")
+        pods = self._pods(handle)
+        exits, nodes, phases, reasons = [], {}, [], []
+        for pod in pods:
+            rank = int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))
+            node = (pod.spec.node_name or "") if pod.spec else ""
+            nodes[rank] = node
+            phases.append(pod.status.phase if pod.status else "Pending")
+            reasons.append((pod.status.reason or "") if pod.status else "")
+            for cs in (pod.status.container_statuses or []) if pod.status else []:
+                term = cs.state.terminated if cs.state else None
+                if term is not None:
+                    exits.append(NodeExit(rank, node, int(term.exit_code),
+                                          int(term.signal) if term.signal else None))
+                    reasons.append(term.reason or "")
+        handle["nodes"] = [nodes[r] for r in sorted(nodes)]
+        done = {c["type"]: c for c in conditions if c["status"] == "True"}
+        started = [p for p in phases if p != "Pending"]
+        state = JobState.RUNNING if started else JobState.QUEUED    # pods done but no condition yet: running
+        if "Complete" in done or "Completed" in done:
+            state = JobState.COMPLETED
+        elif "Failed" in done:
+            reason = done["Failed"]["reason"]
+            state = JobState.TIMEOUT if reason == "DeadlineExceeded" else JobState.FAILED
+            if "OOMKilled" in reasons:
+                state = JobState.OUT_OF_MEMORY
+            elif any(r in ("Evicted", "Preempting", "PreemptionByScheduler") for r in reasons):
+                state = JobState.PREEMPTED
+            elif any(r in ("NodeLost", "NodeShutdown", "Terminated") for r in reasons):
+                state = JobState.NODE_FAIL
+        failed = [e.exit_code for e in exits if e.exit_code != 0]
+        exit_code = (failed[0] if failed else 0) if state.done and exits else None
+        if state.done or state.value != handle.get("last_state") or \
+                time.time() - handle.get("logs_synced", 0) > LOG_SYNC_EVERY:
+            self._sync_logs(handle, pods)
+        handle["last_state"] = state.value
+        return JobStatus(state, exit_code, handle["nodes"], reason=done.get("Failed", {}).get("reason", ""),
+                         node_exits=sorted(exits, key=lambda e: e.rank))
+
+    def _sync_logs(self, handle: dict[str, Any], pods: list[Any]) -> None:
+        """Copy each pod's log to node-R.log in the resumption folder (where `run logs` reads)."""
+        from kubernetes import client
+        core = client.CoreV1Api(self.api_client())
+        folder = Path(handle["folder"])
+        for pod in pods:
+            rank = int((pod.metadata.annotations or {}).get(INDEX_ANNOTATION, 0))
+            try:
+                # raw bytes: the client's own decoding of text/plain answers yields "b'...'" strings
+                response = core.read_namespaced_pod_log(pod.metadata.name, handle["namespace"], container="main",
+                                                        _preload_content=False)
+                data = response.data
+            except Exception:   # a pod not started yet has no log; the next sync gets it
+                continue
+            (folder / f"node-{rank}.log").write_bytes(data or b"")
+        handle["logs_synced"] = time.time()
+
+    def _delete(self, handle: dict[str, Any], grace: int) -> None:
+        from kubernetes import client
+        api = self.api_client()
+        body = client.V1DeleteOptions(grace_period_seconds=grace, propagation_policy="Background")
+        if handle["kind"] == "Job":
+            self._call("deleting the Job", client.BatchV1Api(api).delete_namespaced_job, handle["job_id"],
+                       handle["namespace"], body=body)
+        else:
+            self._call("deleting the JobSet", client.CustomObjectsApi(api).delete_namespaced_custom_object,
+                       JOBSET_GROUP, JOBSET_VERSION, handle["namespace"], "jobsets", handle["job_id"], body=body)
+
+    def terminate(self, handle: dict[str, Any]) -> None:
+        """Delete the job with the run's grace period: the kubelet sends SIGTERM, then SIGKILL."""
+        try:
+            self._sync_logs(handle, self._pods(handle))
+        except ClusterError:
+            pass
+        self._delete(handle, int(handle.get("grace", 30)))
+
+    def kill(self, handle: dict[str, Any]) -> None:
+        try:
+            self._delete(handle, 0)
+        except ClusterError:
+            pass
+
+    def cleanup(self, handle: dict[str, Any]) -> None:
+        from kubernetes import client
+        core = client.CoreV1Api(self.api_client())
+        for kind, name in handle.get("objects", []):
+            try:
+                if kind == "Secret":
+                    self._call("deleting the Secret", core.delete_namespaced_secret, name, handle["namespace"])
+                elif kind == "ConfigMap":
+                    self._call("deleting the ConfigMap", core.delete_namespaced_config_map, name,
+                               handle["namespace"])
+            except ClusterError:
+                continue
+
+    def nodes(self) -> list[NodeInfo]:
+        from kubernetes import client
+        items = self._call("listing nodes", client.CoreV1Api(self.api_client()).list_node).items or []
+        out = []
+        for node in items:
+            conditions = {c.type: c for c in (node.status.conditions or [])} if node.status else {}
+            ready = conditions.get("Ready")
+            unschedulable = bool(node.spec and node.spec.unschedulable)
+            healthy = bool(ready and ready.status == "True") and not unschedulable
+            state = ("ready" if ready and ready.status == "True" else "not-ready") + \
+                ("+cordoned" if unschedulable else "")
+            out.append(NodeInfo(node.metadata.name, state, healthy, (ready.message or "") if ready else ""))
+        return out

@@ -1,0 +1,132 @@
+"""The local cluster: this machine, one node. Each resumption is a launcher process (launch.py) in a
+session of its own, so it survives the CLI and the supervisor; the launcher writes node-0.exit when the
+command ends, which is how a restarted supervisor learns the exit status of a process it did not start.
+Several ranks per node go through torchrun (`procs_per_node` or `gpus_per_node` > 1).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tessera.platform.clusters.base import (
+    ClusterBackend,
+    JobState,
+    JobStatus,
+    LaunchRequest,
+    NodeInfo,
+    hostname,
+    read_node_exits,
+    write_launch_files,
+)
+from tessera.platform.errors import ClusterError
+from tessera.platform.spec import RunSpec
+
+_children: dict[int, subprocess.Popen[bytes]] = {}   # reaped on status(), so no zombies pile up
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks (field 22 of /proc/PID/stat): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int, ticks: int | None) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z" and (ticks is None or int(fields[19]) == ticks)
+
+
+class LocalBackend(ClusterBackend):
+    type = "local"
+
+    def check(self, spec: RunSpec) -> None:
+        if spec.compute.nodes != 1:
+            raise ClusterError(f"cluster {self.name!r} is this machine (one node); the run asks for "
+                               f"{spec.compute.nodes} nodes: use a Slurm cluster, or nodes: 1")
+        cpus = spec.compute.cpus_per_node
+        if cpus and cpus > (os.cpu_count() or 1):
+            raise ClusterError(f"the run asks for {cpus} CPUs per node; this machine has {os.cpu_count()}")
+
+    def submit(self, request: LaunchRequest) -> dict[str, Any]:
+        self.check(request.spec)
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]
+        write_launch_files(request, torchrun, grace=request.spec.scheduling.stop_grace, secrets_in_file=False)
+        env = {**os.environ, **request.env, **request.secret_env,
+               **{var: str(path) for path, _, var in request.secret_files},
+               "NODE_RANK": "0", "NNODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        for key in [k for k in env if k.startswith("SLURM_")]:
+            del env[key]     # a local run started from inside a Slurm job must not look like one
+        log = open(request.folder / "node-0.log", "ab")
+        try:
+            proc = subprocess.Popen([sys.executable, str(request.folder / "launch.py")], env=env,
+                                    cwd=request.workdir or None, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=_nice(request.spec.scheduling.priority))
+        finally:
+            log.close()
+        _children[proc.pid] = proc
+        return {"job_id": str(proc.pid), "pid": proc.pid, "ticks": _start_ticks(proc.pid),
+                "folder": str(request.folder), "nodes": [hostname()], "submitted": time.time()}
+
+    def status(self, handle: dict[str, Any]) -> JobStatus:
+        for pid, proc in list(_children.items()):
+            if proc.poll() is not None:
+                del _children[pid]
+        folder, pid = Path(handle["folder"]), int(handle["pid"])
+        exits = read_node_exits(folder)
+        nodes = handle.get("nodes", [hostname()])
+        if exits:
+            code = max((e.exit_code for e in exits), key=lambda c: c != 0)
+            return JobStatus(JobState.COMPLETED if code == 0 else JobState.FAILED, code, nodes,
+                             node_exits=exits, start=handle.get("submitted"))
+        if _alive(pid, handle.get("ticks")):
+            return JobStatus(JobState.RUNNING, nodes=nodes, start=handle.get("submitted"))
+        # The launcher is gone without an exit file (it was killed itself): end what it left behind.
+        self.kill(handle)
+        cancelled = bool(handle.get("cancelled"))
+        return JobStatus(JobState.CANCELLED if cancelled else JobState.LOST, None, nodes,
+                         reason="the launcher process ended without recording an exit status")
+
+    def terminate(self, handle: dict[str, Any]) -> None:
+        """SIGTERM to the launcher, which relays it to the command's processes once and waits for them."""
+        pid = int(handle["pid"])
+        if _alive(pid, handle.get("ticks")):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def kill(self, handle: dict[str, Any]) -> None:
+        try:
+            os.killpg(int(handle["pid"]), signal.SIGKILL)   # the launcher leads its own process group
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def nodes(self) -> list[NodeInfo]:
+        return [NodeInfo(hostname(), "up", True, cpus=os.cpu_count())]
+
+
+def _nice(priority: str):
+    if priority != "low":
+        return None
+    return lambda: os.nice(10)

@@ -1,0 +1,35 @@
+"""Errors the platform raises. Each names what was wrong and how to fix it."""
+
+from __future__ import annotations
+
+
+class PlatformError(Exception):
+    """Base class of every platform error."""
+
+
+class SpecError(PlatformError, ValueError):
+    """A run spec is invalid; the message lists every problem, one per line."""
+
+
+class SecretError(PlatformError):
+    """A secret is missing, malformed or cannot be stored."""
+
+
+class ClusterError(PlatformError):
+    """A cluster is unknown, misconfigured, or its scheduler refused a request."""
+
+
+class RunNotFound(PlatformError, LookupError):
+    """No run has the given name or id."""
+
+
+class RunStateError(PlatformError):
+    """The run cannot do what was asked in its current status (e.g. moving a finished run)."""
+
+
+class RunFailed(PlatformError):
+    """`wait_for_run_status` saw the run end in a status other than the one waited for."""
+
+    def __init__(self, message: str, run: object | None = None) -> None:
+        super().__init__(message)
+        self.run = run

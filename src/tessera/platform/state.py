@@ -1,0 +1,318 @@
+"""The control plane's state: one SQLite file (`$TESSERA_HOME/state.db`) in WAL mode.
+
+A CLI, the SDK and the supervisor each open their own connection; WAL lets readers run beside the one
+writer, writes take the write lock up front (`BEGIN IMMEDIATE`) and wait up to 30 s for it. Tables:
+clusters, runs, resumptions (every start of a run), events, node_faults (per cluster) and supervisor.
+Secret values are never written here: specs name secrets, and every text that came from a run's logs
+is redacted before it is stored.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tessera.platform.home import tessera_home
+
+SCHEMA_VERSION = 1
+
+# Lifecycle. STOPPING is the short stretch between a stop/move request and the processes' exit.
+PENDING, QUEUED, STARTING, RUNNING, STOPPING = "PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"
+COMPLETED, FAILED, STOPPED = "COMPLETED", "FAILED", "STOPPED"
+ACTIVE = (PENDING, QUEUED, STARTING, RUNNING, STOPPING)
+TERMINAL = (COMPLETED, FAILED, STOPPED)
+ALL_STATUSES = ACTIVE + TERMINAL
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY, type TEXT NOT NULL, config TEXT NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, spec TEXT NOT NULL, status TEXT NOT NULL,
+    cluster TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, ended REAL,
+    request TEXT, request_arg TEXT, retries_used INTEGER NOT NULL DEFAULT 0,
+    system_retries INTEGER NOT NULL DEFAULT 0, failure_kind TEXT, first_error TEXT, not_before REAL,
+    folder TEXT NOT NULL, workdir TEXT, next_cause TEXT);
+CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
+CREATE TABLE IF NOT EXISTS resumptions (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, idx INTEGER NOT NULL,
+    cluster TEXT NOT NULL, cause TEXT NOT NULL, status TEXT NOT NULL, job_id TEXT, handle TEXT,
+    nodes TEXT NOT NULL DEFAULT '[]', folder TEXT NOT NULL, submitted REAL NOT NULL, start REAL, end REAL,
+    exit_code INTEGER, outcome TEXT, detail TEXT, last_beat TEXT, last_progress REAL, stop_sent REAL,
+    kill_sent REAL, stop_reason TEXT, first_beat TEXT, events_offset INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, idx));
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    time REAL NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL, data TEXT);
+CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
+CREATE TABLE IF NOT EXISTS node_faults (
+    cluster TEXT NOT NULL, node TEXT NOT NULL, faults INTEGER NOT NULL, excluded INTEGER NOT NULL,
+    reason TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY (cluster, node));
+CREATE TABLE IF NOT EXISTS supervisor (
+    id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER NOT NULL, started REAL NOT NULL, beat REAL NOT NULL);
+"""
+
+
+@dataclass
+class ClusterRecord:
+    name: str
+    type: str
+    config: dict[str, Any]
+    created: float
+
+
+@dataclass
+class RunRecord:
+    id: str
+    name: str
+    spec: dict[str, Any]
+    status: str
+    cluster: str
+    created: float
+    updated: float
+    folder: str
+    ended: float | None = None
+    request: str | None = None
+    request_arg: str | None = None
+    retries_used: int = 0
+    system_retries: int = 0
+    failure_kind: str | None = None
+    first_error: str | None = None
+    not_before: float | None = None
+    workdir: str | None = None
+    next_cause: str | None = None
+
+
+@dataclass
+class ResumptionRecord:
+    run_id: str
+    idx: int
+    cluster: str
+    cause: str
+    status: str
+    folder: str
+    submitted: float
+    job_id: str | None = None
+    handle: dict[str, Any] | None = None
+    nodes: list[str] = field(default_factory=list)
+    start: float | None = None
+    end: float | None = None
+    exit_code: int | None = None
+    outcome: str | None = None
+    detail: str | None = None
+    last_beat: dict[str, Any] | None = None
+    last_progress: float | None = None
+    stop_sent: float | None = None
+    kill_sent: float | None = None
+    stop_reason: str | None = None
+    first_beat: dict[str, Any] | None = None
+    events_offset: int = 0
+
+
+@dataclass
+class EventRecord:
+    id: int
+    run_id: str
+    time: float
+    kind: str
+    message: str
+    data: dict[str, Any] | None = None
+
+
+_JSON_FIELDS = {"spec", "config", "handle", "nodes", "last_beat", "first_beat", "data"}
+
+
+def _row(cls: type, row: sqlite3.Row) -> Any:
+    values = {k: (json.loads(row[k]) if k in _JSON_FIELDS and row[k] is not None else row[k])
+              for k in row.keys()}
+    return cls(**values)
+
+
+def _encode(value: Any, key: str) -> Any:
+    return json.dumps(value) if key in _JSON_FIELDS and value is not None else value
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+class StateDB:
+    """One connection to the state database; cheap to create, not shared across threads."""
+
+    def __init__(self, home: str | Path | None = None) -> None:
+        self.home = tessera_home(home)
+        self.path = self.home / "state.db"
+        fresh = not self.path.exists()
+        self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+        self.conn.row_factory = sqlite3.Row
+        if fresh:
+            self.path.chmod(0o600)
+        self.conn.execute("PRAGMA busy_timeout = 30000")
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        if self.conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+            with self.write():
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        self.conn.execute(statement)
+                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> StateDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction that takes the lock at once, so two writers never deadlock."""
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # --- clusters ---------------------------------------------------------------------------------
+
+    def add_cluster(self, name: str, type_: str, config: dict[str, Any], replace: bool = False) -> None:
+        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        with self.write() as c:
+            c.execute(f"{verb} INTO clusters (name, type, config, created) VALUES (?, ?, ?, ?)",
+                      (name, type_, json.dumps(config), time.time()))
+
+    def get_cluster(self, name: str) -> ClusterRecord | None:
+        row = self.conn.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
+        return _row(ClusterRecord, row) if row else None
+
+    def list_clusters(self) -> list[ClusterRecord]:
+        return [_row(ClusterRecord, r) for r in self.conn.execute("SELECT * FROM clusters ORDER BY name")]
+
+    def remove_cluster(self, name: str) -> bool:
+        with self.write() as c:
+            return c.execute("DELETE FROM clusters WHERE name = ?", (name,)).rowcount > 0
+
+    # --- runs -------------------------------------------------------------------------------------
+
+    def insert_run(self, run: RunRecord) -> None:
+        data = {k: _encode(v, k) for k, v in run.__dict__.items()}
+        with self.write() as c:
+            c.execute(f"INSERT INTO runs ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
+                      tuple(data.values()))
+
+    def get_run(self, name_or_id: str) -> RunRecord | None:
+        row = self.conn.execute("SELECT * FROM runs WHERE name = ? OR id = ? ORDER BY name = ? DESC LIMIT 1",
+                                (name_or_id, name_or_id, name_or_id)).fetchone()
+        return _row(RunRecord, row) if row else None
+
+    def list_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None,
+                  limit: int | None = None) -> list[RunRecord]:
+        sql, args = "SELECT * FROM runs WHERE 1=1", []
+        if statuses:
+            sql += f" AND status IN ({', '.join('?' * len(statuses))})"
+            args += list(statuses)
+        if cluster:
+            sql += " AND cluster = ?"
+            args.append(cluster)
+        sql += " ORDER BY created DESC"
+        if limit:
+            sql += f" LIMIT {int(limit)}"
+        return [_row(RunRecord, r) for r in self.conn.execute(sql, args)]
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        fields.setdefault("updated", time.time())
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.write() as c:
+            c.execute(f"UPDATE runs SET {sets} WHERE id = ?",
+                      (*(_encode(v, k) for k, v in fields.items()), run_id))
+
+    def request(self, run_id: str, request: str | None, arg: str | None = None) -> None:
+        """Ask the supervisor to stop, move or restart a run (it acts on its next pass)."""
+        self.update_run(run_id, request=request, request_arg=arg)
+
+    # --- resumptions ------------------------------------------------------------------------------
+
+    def add_resumption(self, res: ResumptionRecord) -> None:
+        data = {k: _encode(v, k) for k, v in res.__dict__.items()}
+        with self.write() as c:
+            c.execute(f"INSERT INTO resumptions ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
+                      tuple(data.values()))
+
+    def update_resumption(self, run_id: str, idx: int, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        with self.write() as c:
+            c.execute(f"UPDATE resumptions SET {sets} WHERE run_id = ? AND idx = ?",
+                      (*(_encode(v, k) for k, v in fields.items()), run_id, idx))
+
+    def resumptions(self, run_id: str) -> list[ResumptionRecord]:
+        rows = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx", (run_id,))
+        return [_row(ResumptionRecord, r) for r in rows]
+
+    def current_resumption(self, run_id: str) -> ResumptionRecord | None:
+        row = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx DESC LIMIT 1",
+                                (run_id,)).fetchone()
+        return _row(ResumptionRecord, row) if row else None
+
+    # --- events -----------------------------------------------------------------------------------
+
+    def add_event(self, run_id: str, kind: str, message: str, data: dict[str, Any] | None = None,
+                  at: float | None = None) -> None:
+        with self.write() as c:
+            c.execute("INSERT INTO events (run_id, time, kind, message, data) VALUES (?, ?, ?, ?, ?)",
+                      (run_id, at or time.time(), kind, message, json.dumps(data) if data else None))
+
+    def events(self, run_id: str, after_id: int = 0) -> list[EventRecord]:
+        rows = self.conn.execute("SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id",
+                                 (run_id, after_id))
+        return [_row(EventRecord, r) for r in rows]
+
+    # --- nodes ------------------------------------------------------------------------------------
+
+    def record_node_fault(self, cluster: str, node: str, reason: str, *, exclude_after: int = 2,
+                          hard: bool = False) -> tuple[int, bool]:
+        """Count a failure implicating `node`; it is excluded at `exclude_after` faults, or at once when
+        the scheduler itself reported the node failed (`hard`). Returns (faults, excluded)."""
+        with self.write() as c:
+            row = c.execute("SELECT faults FROM node_faults WHERE cluster = ? AND node = ?",
+                            (cluster, node)).fetchone()
+            faults = (row[0] if row else 0) + 1
+            excluded = hard or faults >= exclude_after
+            c.execute("INSERT OR REPLACE INTO node_faults VALUES (?, ?, ?, ?, ?, ?)",
+                      (cluster, node, faults, int(excluded), reason, time.time()))
+        return faults, excluded
+
+    def node_faults(self, cluster: str) -> list[dict[str, Any]]:
+        rows = self.conn.execute("SELECT * FROM node_faults WHERE cluster = ? ORDER BY node", (cluster,))
+        return [dict(r) for r in rows]
+
+    def excluded_nodes(self, cluster: str) -> list[str]:
+        rows = self.conn.execute("SELECT node FROM node_faults WHERE cluster = ? AND excluded = 1 ORDER BY node",
+                                 (cluster,))
+        return [r[0] for r in rows]
+
+    def clear_node(self, cluster: str, node: str) -> bool:
+        with self.write() as c:
+            return c.execute("DELETE FROM node_faults WHERE cluster = ? AND node = ?",
+                             (cluster, node)).rowcount > 0
+
+    # --- supervisor -------------------------------------------------------------------------------
+
+    def supervisor_beat(self, pid: int, started: float) -> None:
+        with self.write() as c:
+            c.execute("INSERT OR REPLACE INTO supervisor (id, pid, started, beat) VALUES (1, ?, ?, ?)",
+                      (pid, started, time.time()))
+
+    def supervisor_info(self) -> dict[str, Any] | None:
+        row = self.conn.execute("SELECT pid, started, beat FROM supervisor WHERE id = 1").fetchone()
+        return dict(row) if row else None

@@ -1,0 +1,100 @@
+"""Fixtures for the platform: a private TESSERA_HOME with a fast supervisor, and a real single-host
+Slurm cluster (scripts/slurm-up.sh) shared by the whole session."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tessera.platform import Platform
+from tessera.platform.supervisor import stop_supervisor
+
+sys.path.insert(0, str(Path(__file__).parent))
+from platform_helpers import SlurmCluster  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+def _kill_leftovers(platform: Platform) -> None:
+    """SIGKILL the process group of every local resumption still alive (a failed test must not leak)."""
+    for run in platform.db.list_runs():
+        for res in platform.db.resumptions(run.id):
+            pid = (res.handle or {}).get("pid")
+            if pid and res.cluster == "local":
+                try:
+                    os.killpg(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+
+@pytest.fixture
+def platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A Platform on a fresh TESSERA_HOME; its supervisor polls every 0.2 s and retries without delay."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("TESSERA_HOME", str(home))
+    monkeypatch.setenv("TESSERA_SUPERVISOR_POLL", "0.2")
+    monkeypatch.setenv("TESSERA_SUPERVISOR_IDLE", "60")
+    monkeypatch.setenv("TESSERA_RETRY_BACKOFF", "0")
+    p = Platform(home)
+    yield p
+    stop_supervisor(home)
+    _kill_leftovers(p)
+    p.close()
+
+
+# --- Slurm ----------------------------------------------------------------------------------------
+
+
+def _free_port_block(count: int) -> int:
+    """A port P with P..P+count free on 127.0.0.1 (slurmctld on P, slurmd i on P+i)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 60000:
+            continue
+        try:
+            for port in range(base, base + count + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free block of ports for Slurm")
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
+    """Three virtual nodes (n1..n3) on this host. Skipped (loudly) only when Slurm cannot be installed
+    here and this is not CI; in CI (CI=true) that is a failure."""
+    in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+    def unavailable(reason: str) -> None:
+        if in_ci:
+            pytest.fail(f"Slurm is required in CI: {reason}")
+        pytest.skip(f"SLURM TESTS SKIPPED: {reason}")
+
+    if os.geteuid() != 0:
+        unavailable("scripts/slurm-up.sh needs root to install and start Slurm")
+    if not shutil.which("slurmctld") and not shutil.which("apt-get"):
+        unavailable("slurmctld is not installed and apt-get is unavailable to install it")
+    folder = tmp_path_factory.mktemp("slurm")
+    nodes = 3
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-up.sh"), str(folder), str(nodes),
+                           str(_free_port_block(nodes))], capture_output=True, text=True, timeout=300)
+    if done.returncode == 3:
+        unavailable(done.stderr.strip())
+    if done.returncode != 0:
+        subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh"), str(folder)], capture_output=True)
+        pytest.fail(f"slurm-up.sh failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    print(f"\nslurm-up.sh: {time.monotonic() - started:.1f} s", file=sys.stderr)
+    cluster = SlurmCluster(folder, folder / "etc" / "slurm.conf", [f"n{i}" for i in range(1, nodes + 1)])
+    yield cluster
+    subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh"), str(folder)], capture_output=True)

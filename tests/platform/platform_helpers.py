@@ -1,0 +1,49 @@
+"""Helpers for the platform tests (a module of its own: several test folders have a conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tessera.platform import Platform
+
+FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
+
+
+def trainer_command(state: Path, *extra: str) -> str:
+    return f"{sys.executable} {FAKE_TRAINER} --state {state} " + " ".join(extra)
+
+
+def steps_done(state: Path) -> list[int]:
+    path = state / "steps.log"
+    return [int(line.split()[0]) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait_for(predicate, timeout: float = 30, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@dataclass
+class SlurmCluster:
+    folder: Path
+    conf: Path
+    nodes: list[str]
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def run(self, *args: str, check: bool = True) -> str:
+        return subprocess.run(args, check=check, capture_output=True, text=True, env=self.env()).stdout
+
+    def add_to(self, platform: Platform, name: str = "slurm") -> None:
+        platform.add_cluster(name, "slurm", slurm_conf=str(self.conf))

@@ -1,0 +1,151 @@
+"""The experimental Kubernetes backend: its manifests, and its client calls against a stub API server."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("kubernetes")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from k8s_stub import KubeStub  # noqa: E402
+
+from tessera.platform.clusters.base import JobState, LaunchRequest  # noqa: E402
+from tessera.platform.clusters.kubernetes import KubernetesBackend, build_manifests, job_name  # noqa: E402
+from tessera.platform.errors import ClusterError  # noqa: E402
+from tessera.platform.spec import parse_spec  # noqa: E402
+
+SECRET = "k8s-secret-value-93a1"
+
+
+def request(tmp_path: Path, nodes: int = 1, procs: int = 1, exclude: list[str] | None = None) -> LaunchRequest:
+    spec = parse_spec(f"name: kube\ncommand: python train.py --lr 0.1\nimage: ghcr.io/tessera/train:1\n"
+                      f"compute: {{nodes: {nodes}, procs_per_node: {procs}, cpus_per_node: 4, gpus_per_node: 2}}\n"
+                      "parameters: {lr: 0.1}\nscheduling: {stop_grace: 45s}\n")
+    key = tmp_path / "key.pem"
+    key.write_text("PRIVATE KEY\n")
+    folder = tmp_path / "r0"
+    folder.mkdir(exist_ok=True)
+    return LaunchRequest("rid", "kube", 0, folder, spec, {"RUN_NAME": "kube", "TESSERA_RUN_ID": "rid", "FOO": "bar"},
+                         secret_env={"API_TOKEN": SECRET}, secret_files=[(key, "/var/run/secrets/k/key.pem", "KEY")],
+                         exclude=exclude or [], time_limit=3600)
+
+
+def _env(container: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def test_single_node_job_manifest(tmp_path: Path) -> None:
+    secret, params, job = build_manifests(request(tmp_path, exclude=["bad-node"]), {"namespace": "ml"})
+    assert (secret["kind"], params["kind"], job["kind"]) == ("Secret", "ConfigMap", "Job")
+    assert secret["stringData"]["env.API_TOKEN"] == SECRET
+    assert SECRET not in json.dumps(job) and SECRET not in json.dumps(params)     # referenced, not inlined
+    spec = job["spec"]
+    assert (spec["backoffLimit"], spec["completions"], spec["completionMode"]) == (0, 1, "Indexed")
+    assert spec["activeDeadlineSeconds"] == 3600
+    pod = spec["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == "ghcr.io/tessera/train:1"
+    assert container["command"] == ["bash", "-c", "python train.py --lr 0.1"]
+    env = _env(container)
+    assert env["API_TOKEN"] == {"secretKeyRef": {"name": secret["metadata"]["name"], "key": "env.API_TOKEN"}}
+    assert env["NODE_RANK"]["fieldRef"]["fieldPath"].endswith("job-completion-index']")
+    assert env["RUN_NAME"] == "kube" and env["FOO"] == "bar" and env["NNODES"] == "1"
+    assert env["KEY"] == "/var/run/secrets/k/key.pem" and env["TESSERA_PARAMETERS"] == "/etc/tessera/parameters.yaml"
+    assert container["resources"] == {"requests": {"cpu": "4"}, "limits": {"nvidia.com/gpu": "2"}}
+    assert pod["terminationGracePeriodSeconds"] == 45 and pod["restartPolicy"] == "Never"
+    [term] = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["bad-node"]}]
+    assert params["data"]["parameters.yaml"].strip() == "lr: 0.1"
+
+
+def test_multi_node_jobset_manifest(tmp_path: Path) -> None:
+    *_, jobset = build_manifests(request(tmp_path, nodes=3, procs=2), {})
+    assert jobset["apiVersion"] == "jobset.x-k8s.io/v1alpha2" and jobset["kind"] == "JobSet"
+    name = jobset["metadata"]["name"]
+    assert name == job_name("kube", 0) == "tessera-kube-r0"
+    [rjob] = jobset["spec"]["replicatedJobs"]
+    spec = rjob["template"]["spec"]
+    assert (spec["completions"], spec["parallelism"], spec["completionMode"]) == (3, 3, "Indexed")
+    [container] = spec["template"]["spec"]["containers"]
+    env = _env(container)
+    assert env["MASTER_ADDR"] == f"{name}-node-0-0.{name}" and env["NNODES"] == "3"
+    assert container["command"][:3] == ["torchrun", "--nnodes=3", "--node-rank=$(NODE_RANK)"]
+    assert "--nproc-per-node=2" in container["command"] and container["command"][-3:] == [
+        "bash", "-c", "python train.py --lr 0.1"]
+
+
+def test_image_is_required(tmp_path: Path) -> None:
+    req = request(tmp_path)
+    req.spec = req.spec.model_copy(update={"image": None})
+    with pytest.raises(ClusterError, match="image"):
+        build_manifests(req, {})
+
+
+@pytest.fixture
+def stub():
+    server = KubeStub()
+    yield server
+    server.close()
+
+
+def test_client_calls_against_stub(stub: KubeStub, tmp_path: Path) -> None:
+    backend = KubernetesBackend("kube", {"host": stub.url, "namespace": "ml"})
+    req = request(tmp_path)
+    handle = backend.submit(req)
+    name = handle["job_id"]
+    posted = [(m, p.split("?")[0]) for m, p, _ in stub.requests if m == "POST"]
+    assert posted == [("POST", "/api/v1/namespaces/ml/secrets"), ("POST", "/api/v1/namespaces/ml/configmaps"),
+                      ("POST", "/apis/batch/v1/namespaces/ml/jobs")]
+    assert SECRET not in json.dumps(stub.objects[("ml", "jobs", name)])
+
+    assert backend.status(handle).state is JobState.QUEUED
+    stub.set_pod(name, 0, "Running", node="node-a")
+    stub.logs[f"{name}-0"] = "step 1\nstep 2\n"
+    status = backend.status(handle)
+    assert status.state is JobState.RUNNING and status.nodes == ["node-a"]
+    assert (req.folder / "node-0.log").read_text() == "step 1\nstep 2\n"
+    stub.set_pod(name, 0, "Failed", node="node-a", exit_code=137, reason="OOMKilled")
+    stub.conditions[name] = [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]
+    status = backend.status(handle)
+    assert (status.state, status.exit_code) == (JobState.OUT_OF_MEMORY, 137)
+    assert [(e.rank, e.node, e.exit_code) for e in status.node_exits] == [(0, "node-a", 137)]
+
+    backend.terminate(handle)
+    method, path, body = stub.requests[-1]
+    assert (method, path) == ("DELETE", f"/apis/batch/v1/namespaces/ml/jobs/{name}")
+    assert body["gracePeriodSeconds"] == 45 and body["propagationPolicy"] == "Background"
+    handle["cancelled"] = True
+    assert backend.status(handle).state is JobState.CANCELLED
+    backend.cleanup(handle)
+    assert not [k for k in stub.objects if k[1] in ("secrets", "configmaps")]
+
+
+def test_jobset_status_and_nodes(stub: KubeStub, tmp_path: Path) -> None:
+    backend = KubernetesBackend("kube", {"host": stub.url})
+    handle = backend.submit(request(tmp_path, nodes=2))
+    name = handle["job_id"]
+    assert ("default", "jobsets", name) in stub.objects
+    for rank, node in ((0, "a"), (1, "b")):
+        stub.set_pod(name, rank, "Succeeded", node=node, exit_code=0)
+    stub.conditions[name] = [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted"}]
+    status = backend.status(handle)
+    assert (status.state, status.exit_code, status.nodes) == (JobState.COMPLETED, 0, ["a", "b"])
+    stub.nodes = [
+        {"metadata": {"name": "a"}, "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+        {"metadata": {"name": "b"}, "spec": {"unschedulable": True},
+         "status": {"conditions": [{"type": "Ready", "status": "True"}]}},
+        {"metadata": {"name": "c"}, "spec": {},
+         "status": {"conditions": [{"type": "Ready", "status": "False", "message": "kubelet stopped"}]}}]
+    nodes = {n.name: (n.healthy, n.state) for n in backend.nodes()}
+    assert nodes == {"a": (True, "ready"), "b": (False, "ready+cordoned"), "c": (False, "not-ready")}
+
+
+def test_api_errors_are_cluster_errors(stub: KubeStub, tmp_path: Path) -> None:
+    backend = KubernetesBackend("kube", {"host": stub.url})
+    backend.submit(request(tmp_path))
+    with pytest.raises(ClusterError, match="409"):
+        backend.submit(request(tmp_path))
