@@ -7,6 +7,8 @@ import typer
 from tessera import __version__
 from tessera.cli.cluster import app as cluster_app
 from tessera.cli.data import app as data_app
+from tessera.cli.launch import CONTEXT as LAUNCH_CONTEXT
+from tessera.cli.launch import launch
 from tessera.cli.llm import app as llm_app
 from tessera.cli.run import app as run_app
 from tessera.cli.secret import app as secret_app
@@ -19,6 +21,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(run_app, name="run")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(secret_app, name="secret")
+app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
 app.add_typer(llm_app, name="llm")
 
 

@@ -1,0 +1,270 @@
+"""Distributed set-up, apart from models and the loop: who am I, the process group, DDP/FSDP2 wrapping,
+and the few collectives the trainer needs.
+
+    dist_env = init_distributed()               # from torchrun's or Slurm's variables; no-op for 1 process
+    model = parallelize(model, "ddp", device)   # DDP, FSDP2 (`fully_shard`) or nothing
+
+Rank variables come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) or,
+in a task started by `srun` with one task per device, from Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
+SLURM_NTASKS_PER_NODE, the first host of SLURM_NODELIST as the master). A plain `python train.py` in an
+salloc shell or batch script is one process, whatever SLURM_NTASKS says. `init_distributed` writes the
+torchrun names back into the environment, so `tessera.stream` and user code see one consistent world.
+The backend is nccl when the trainer runs on CUDA, gloo otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """This process's place in the job. `world_size == 1` means no process group."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _int_env(names: Sequence[str], default: int) -> int:
+    for name in names:
+        value = os.environ.get(name, "")
+        if value:
+            match = re.match(r"^\s*(\d+)", value)  # Slurm writes counts such as "4(x2)"
+            if match is None:
+                raise ValueError(f"environment variable {name}={value!r} is not an integer")
+            return int(match[1])
+    return default
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a Slurm node list: "gpu[07-09,12],cpu3" -> "gpu07", "r[1-2]-n[3-4]" -> "r1-n3"."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            end = i
+            break
+    first = nodelist[:end].strip()
+    # Within each bracket group the first item's first value: "07-09,12" -> "07".
+    host = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m[1])[0], first)
+    if not host:
+        raise ValueError(f"cannot read a host name from the Slurm node list {nodelist!r}")
+    return host
+
+
+def slurm_master_port(env: Mapping[str, str] | None = None) -> int:
+    """A port shared by every task of a Slurm job and unlikely to collide with other jobs on the node."""
+    job = (os.environ if env is None else env).get("SLURM_JOB_ID", "")
+    return 20000 + int(job) % 20000 if job.isdigit() else DEFAULT_PORT
+
+
+def in_slurm_step() -> bool:
+    """Whether this process is a task started by `srun` (not a shell or batch script in an allocation,
+    where SLURM_NTASKS describes the allocation, not this process)."""
+    return bool(os.environ.get("SLURM_STEP_ID") or os.environ.get("SLURM_STEPID"))
+
+
+def env_from_environ() -> DistEnv:
+    """Ranks from torchrun's variables, else Slurm's (inside an srun step), else a single process."""
+    slurm = in_slurm_step()
+    world = _int_env(["WORLD_SIZE"] + ["SLURM_NTASKS"] * slurm, 1)
+    rank = _int_env(["RANK"] + ["SLURM_PROCID"] * slurm, 0)
+    nodes = _int_env(["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], 1) if slurm else 1
+    local_world = (_int_env(["LOCAL_WORLD_SIZE"] + ["SLURM_NTASKS_PER_NODE"] * slurm, 0)
+                   or max(1, world // max(1, nodes)))
+    local_rank = _int_env(["LOCAL_RANK"] + ["SLURM_LOCALID"] * slurm, rank % local_world)
+    nodelist = (os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or "") if slurm else ""
+    addr = os.environ.get("MASTER_ADDR") or (first_host(nodelist) if nodelist else "127.0.0.1")
+    port = _int_env(["MASTER_PORT"], 0) or (slurm_master_port() if nodelist else DEFAULT_PORT)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside world size {world}; check RANK/WORLD_SIZE (or SLURM_PROCID/"
+                         f"SLURM_NTASKS)")
+    return DistEnv(rank, world, local_rank, local_world, addr, port)
+
+
+def current_env() -> DistEnv:
+    """The running process group's ranks if there is one, else what the environment says (no side effects)."""
+    if dist.is_available() and dist.is_initialized():
+        return DistEnv(dist.get_rank(), dist.get_world_size(), _int_env(["LOCAL_RANK"], 0),
+                       _int_env(["LOCAL_WORLD_SIZE"], 1))
+    return env_from_environ()
+
+
+def default_device(env: DistEnv) -> torch.device:
+    """cuda:LOCAL_RANK when CUDA is available, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device | None = None, timeout_seconds: float = 1800.0) -> DistEnv:
+    """Initialise the default process group when the job has several processes (idempotent).
+
+    nccl on CUDA devices, gloo otherwise. Returns the job's `DistEnv`.
+    """
+    env = current_env()
+    if dist.is_initialized():
+        return env
+    if env.world_size == 1:
+        if "SLURM_NTASKS" in os.environ and "WORLD_SIZE" not in os.environ:
+            os.environ.update(RANK="0", WORLD_SIZE="1")  # so tessera.stream does not read the allocation's
+        return env
+    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+                      LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=env.master_addr,
+                      MASTER_PORT=str(env.master_port))
+    device = device or default_device(env)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_seconds))
+    return env
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+# --- wrapping a model -------------------------------------------------------------------------------
+
+
+def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The submodules FSDP2 shards on their own: `model.fsdp_units()` if the model defines it, else every
+    element of every `nn.ModuleList` (transformer blocks). The root is always sharded last, on top."""
+    if hasattr(model, "fsdp_units"):
+        return list(model.fsdp_units())
+    units = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList):
+            units.extend(module)
+    return units
+
+
+def parallelize(model: torch.nn.Module, parallelism: str | None, device: torch.device,
+                optimizers: Sequence[torch.optim.Optimizer] = ()) -> torch.nn.Module:
+    """Move `model` to `device` and wrap it for data parallelism: "ddp", "fsdp" or None.
+
+    Single-process runs are never wrapped. FSDP2 replaces the parameters with sharded ones, so the
+    optimizers' parameter groups are re-pointed to them (the optimizers must have no state yet).
+    """
+    model = model.to(device)
+    if parallelism is None or not is_distributed():
+        return model
+    if parallelism == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [device.index] if device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    if parallelism == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        names = {id(p): name for name, p in model.named_parameters()}
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        for unit in fsdp_units(model):
+            fully_shard(unit, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        rebind_optimizers(optimizers, names, dict(model.named_parameters()))
+        return model
+    raise ValueError(f"unknown parallelism {parallelism!r}; use 'ddp', 'fsdp' or None")
+
+
+def rebind_optimizers(optimizers: Iterable[torch.optim.Optimizer], old_names: dict[int, str],
+                      new_params: dict[str, torch.nn.Parameter]) -> None:
+    """Point the optimizers at the parameters that replaced the old ones (matched by name)."""
+    for opt in optimizers:
+        if opt.state:
+            raise ValueError("an optimizer that has already stepped cannot be moved to FSDP parameters; "
+                             "create the optimizers before training starts")
+        for group in opt.param_groups:
+            try:
+                group["params"] = [new_params[old_names[id(p)]] for p in group["params"]]
+            except KeyError:
+                raise ValueError("an optimizer holds a parameter that is not in the model; pass optimizers "
+                                 "built from model.parameters()") from None
+
+
+@contextlib.contextmanager
+def gradient_sync(model: torch.nn.Module, enabled: bool) -> Iterator[None]:
+    """A context under which backward does (or, if not `enabled`, defers) the gradient collective."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if enabled:
+        yield
+    elif isinstance(model, DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+# --- collectives -----------------------------------------------------------------------------------------
+
+
+def all_reduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place all_reduce ("sum", "max", "min", "mean") over the default group; identity for 1 process."""
+    if not is_distributed():
+        return tensor
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+           "mean": dist.ReduceOp.SUM}
+    dist.all_reduce(tensor, op=ops[op])
+    if op == "mean":
+        tensor.div_(dist.get_world_size())
+    return tensor
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank if `flag` is True on any rank."""
+    value = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+    return bool(all_reduce_(value, "max").item())
+
+
+def all_reduce_gradients(model: torch.nn.Module) -> None:
+    """Average gradients over ranks by hand (after a backward under `no_sync`), one collective per dtype."""
+    if not is_distributed():
+        return
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    world = dist.get_world_size()
+    for dtype in sorted({g.dtype for g in grads}, key=str):
+        same = [g for g in grads if g.dtype == dtype]
+        flat = torch.cat([g.reshape(-1) for g in same])
+        dist.all_reduce(flat)
+        flat.div_(world)
+        offset = 0
+        for g in same:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def destroy() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

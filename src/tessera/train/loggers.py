@@ -1,0 +1,217 @@
+"""Where metrics go: a console progress bar, a JSONL file, TensorBoard. Rank 0 logs; other ranks don't.
+
+    Trainer(..., loggers=["progress", "jsonl", "tensorboard"], log_dir="logs/{run_name}")
+
+Each logger gets `start(run)`, `log_metrics(metrics, step)` for every logged batch and eval, `flush()`
+after each committed checkpoint (on the save thread) and at the end, then `close()`. File loggers write
+under `log_dir` and, when the run has a save folder, copy their files to `<save_folder>/logs/` on each
+flush, so the metrics of a run live next to its checkpoints in the bucket. A resumed run on a fresh
+machine first downloads the bucket's JSONL file and appends to it; a step logged twice (after a resume
+from an older checkpoint) keeps both lines, and readers take the last one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tessera.storage import NotFound, Store
+
+
+@dataclass
+class RunInfo:
+    """What a logger knows about the run it logs."""
+
+    run_name: str
+    config: dict[str, Any] = field(default_factory=dict)
+    log_dir: Path = Path("logs")
+    remote: Store | None = None  # <save_folder>/logs, if the run saves checkpoints
+
+
+class Logger:
+    """Base class: override what you need."""
+
+    def start(self, run: RunInfo) -> None:
+        pass
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ProgressLogger(Logger):
+    """A rich progress bar (step, loss, tokens/s, ETA) on a terminal; a plain line every `every` logged
+    batches otherwise (batch logs, CI). Eval results are always printed."""
+
+    def __init__(self, every: int = 10, stream: Any = None) -> None:
+        self.every, self.stream = max(1, every), stream or sys.stderr
+        self._progress: Any = None
+        self._task: Any = None
+        self._count = 0
+        self._start = time.monotonic()
+
+    def start(self, run: RunInfo) -> None:
+        self._start = time.monotonic()
+        if getattr(self.stream, "isatty", lambda: False)():
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                      TextColumn("{task.percentage:>5.1f}%"), TextColumn("{task.fields[info]}"),
+                                      TimeElapsedColumn(), TimeRemainingColumn(),
+                                      console=Console(file=self.stream))
+            self._task = self._progress.add_task(run.run_name or "train", total=1.0, info="")
+            self._progress.start()
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        info = _summary(metrics, step)
+        if any(k.startswith("eval/") for k in metrics):
+            self._print(f"[eval] {info}")
+            return
+        fraction = metrics.get("time/progress")
+        if self._progress is not None:
+            self._progress.update(self._task, completed=min(fraction or 0.0, 1.0), info=info)
+            return
+        self._count += 1
+        if self._count == 1 or self._count % self.every == 0:
+            eta = ""
+            if fraction and fraction > 0:
+                remaining = (time.monotonic() - self._start) * (1 - fraction) / fraction
+                eta = f" eta {remaining:,.0f}s"
+            self._print(f"[train] {info}{eta}")
+
+    def _print(self, line: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def _summary(metrics: dict[str, float], step: int) -> str:
+    parts = [f"step {step}"]
+    for key, label, fmt in (("train/loss", "loss", ".4f"), ("eval/loss", "loss", ".4f"),
+                            ("throughput/tokens_per_sec", "tok/s", ",.0f"),
+                            ("throughput/samples_per_sec", "sp/s", ",.1f"), ("throughput/mfu", "mfu", ".1%")):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:{fmt}}")
+    parts += [f"{k.removeprefix('eval/')} {v:.4g}" for k, v in metrics.items()
+              if k.startswith("eval/") and k != "eval/loss"]
+    return " | ".join(parts)
+
+
+class JSONLLogger(Logger):
+    """One JSON object per line: {"step": ..., metric: value, ...} in `<log_dir>/metrics.jsonl`."""
+
+    FILENAME = "metrics.jsonl"
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.remote: Store | None = None
+        self._file: Any = None
+        self._lock = threading.Lock()
+
+    def start(self, run: RunInfo) -> None:
+        self.path = self.path or run.log_dir / self.FILENAME
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.remote = run.remote
+        if self.remote is not None and not self.path.exists():  # resuming on another machine
+            try:
+                self.path.write_bytes(self.remote.get(self.path.name))
+            except NotFound:
+                pass
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        line = json.dumps({"step": step, **metrics}, allow_nan=True)
+        with self._lock:
+            self._file.write(line + "\n")
+
+    def flush(self) -> None:
+        if self._file is None:
+            return
+        with self._lock:
+            self._file.flush()
+            data = self.path.read_bytes() if self.remote is not None else None
+        if data is not None and self.remote is not None:
+            self.remote.put(self.path.name, data)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self.flush()
+            self._file.close()
+            self._file = None
+
+
+class TensorBoardLogger(Logger):
+    """Scalars to TensorBoard event files under `<log_dir>/tensorboard` (needs `pip install tensorboard`)."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ImportError("loggers=['tensorboard'] needs the tensorboard package: `pip install tensorboard` "
+                              "(or drop 'tensorboard' from loggers)") from None
+        self._writer_cls = SummaryWriter
+        self.path = Path(path) if path is not None else None
+        self.remote: Store | None = None
+        self._writer: Any = None
+
+    def start(self, run: RunInfo) -> None:
+        self.path = self.path or run.log_dir / "tensorboard"
+        self.remote = run.remote.child("tensorboard") if run.remote is not None else None
+        self._writer = self._writer_cls(log_dir=str(self.path))
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        for key, value in metrics.items():
+            self._writer.add_scalar(key, value, global_step=step)
+
+    def flush(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.flush()
+        if self.remote is not None and self.path is not None:
+            for file in sorted(self.path.rglob("*")):
+                if file.is_file():
+                    self.remote.put_file(file.relative_to(self.path).as_posix(), file)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self.flush()
+            self._writer.close()
+            self._writer = None
+
+
+LOGGERS = {"progress": ProgressLogger, "jsonl": JSONLLogger, "tensorboard": TensorBoardLogger}
+
+
+def make_loggers(specs: Any) -> list[Logger]:
+    """Loggers from names ("progress", "jsonl", "tensorboard") and/or Logger instances."""
+    if specs is None:
+        specs = ["progress"]
+    if isinstance(specs, (str, Logger)):
+        specs = [specs]
+    out = []
+    for spec in specs:
+        if isinstance(spec, Logger):
+            out.append(spec)
+        elif spec in LOGGERS:
+            out.append(LOGGERS[spec]())
+        else:
+            raise ValueError(f"unknown logger {spec!r}; use one of {sorted(LOGGERS)} or a Logger instance")
+    return out

@@ -1,0 +1,426 @@
+"""`Trainer`: one readable training loop; checkpoints, logging, evaluation and set-up are calls into the
+modules that own them (checkpoint, loggers, metrics, microbatch, distributed, heartbeat).
+
+    trainer = Trainer(model=model, optimizers=opt, train_dataloader=loader, max_duration="2ep",
+                      save_folder="s3://bucket/runs/{run_name}/checkpoints", save_interval="500ba",
+                      autoresume=True, precision="amp_bf16", device_train_microbatch_size="auto")
+    trainer.fit()
+
+The model contract: `model(batch)` returns the loss, a scalar tensor averaged over the samples of
+`batch`, or a dict with a "loss" entry (other scalar entries are reported as eval metrics). Or pass
+`loss_fn(model, batch)` returning the same. `batch` is what the dataloader yields, moved to the device
+and cut into microbatches along dim 0 (see `microbatch.split_batch`). A model may expose
+`flops_per_token` (training FLOPs per token) for MFU.
+
+One step: the per-device batch is split into microbatches; each runs forward under autocast and
+backward on its loss scaled by its share of the batch (DDP/FSDP sync only on the last); gradients are
+clipped; the optimizers and schedulers step; the timestamp advances by the global samples and tokens;
+then logging, evaluation and checkpointing run if their interval fires. The global batch is
+`global_batch_size` (default: the per-device batch x world size); it must equal the loader's batch x
+world size, which is what makes elastic resume (same global batch, other world size) continue the same
+global order: see docs/training.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tessera.train import distributed as dist_utils
+from tessera.train.callbacks import Callback
+from tessera.train.checkpoint import CheckpointInfo, CheckpointManager, apply_state, capture_state
+from tessera.train.checkpoint_io import unwrap_model
+from tessera.train.config import (
+    Precision,
+    check_batch_size,
+    check_save_folder,
+    parse_microbatch,
+    parse_precision,
+    parse_time,
+    per_device_batch_size,
+)
+from tessera.train.epochs import END, EpochIterator, loader_length
+from tessera.train.evaluation import evaluate, model_outputs
+from tessera.train.heartbeat import Heartbeat
+from tessera.train.loggers import RunInfo, make_loggers
+from tessera.train.metrics import Throughput, flops_per_token, peak_flops
+from tessera.train.microbatch import (
+    AutoMicrobatch,
+    batch_size_of,
+    count_tokens,
+    is_out_of_memory,
+    move_to,
+    rng_restore,
+    rng_snapshot,
+    split_batch,
+)
+from tessera.train.schedule import lambda_lr
+from tessera.train.time import Time, Timestamp, TimeUnit, interval_fires
+
+log = logging.getLogger(__name__)
+
+
+def seed_all(seed: int) -> None:
+    """Seed python's `random`, numpy's global generator and torch (CPU and CUDA)."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _listify(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+class Trainer:
+    """Trains `model` with `optimizers` on `train_dataloader` for `max_duration` (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
+                 *, train_dataloader: Any, max_duration: Time | str, schedulers: Any = None,
+                 run_name: str | None = None, save_folder: str | None = None, save_interval: Time | str | None = None,
+                 save_num_checkpoints_to_keep: int | None = None, save_keep_every_n: int | None = None,
+                 autoresume: bool = False, load_path: str | None = None, load_weights_only: bool = False,
+                 eval_dataloader: Any = None, eval_interval: Time | str | None = None,
+                 eval_subset_num_batches: int | None = None, precision: str = "fp32",
+                 grad_clip_norm: float | None = None, device_train_microbatch_size: int | str | None = None,
+                 global_batch_size: int | None = None, loggers: Any = None, log_dir: str = "logs/{run_name}",
+                 log_interval: Time | str = "1ba", callbacks: Sequence[Callback] = (), seed: int = 42,
+                 loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+                 num_tokens_fn: Callable[[Any], int] | None = None, device: str | torch.device | None = None,
+                 parallelism: str | None = "ddp") -> None:
+        # Configuration errors first, before any process group, download or upload.
+        self.precision = parse_precision(precision)
+        if parallelism not in ("ddp", "fsdp", None):
+            raise ValueError(f"unknown parallelism {parallelism!r}; use 'ddp', 'fsdp' or None")
+        self.max_duration = parse_time(max_duration, "max_duration", allow_dur=False)
+        self.save_interval = parse_time(save_interval or "1ep", "save_interval")
+        self.eval_interval = parse_time(eval_interval or "1ep", "eval_interval")
+        self.log_interval = parse_time(log_interval, "log_interval")
+        microbatch_size, auto = parse_microbatch(device_train_microbatch_size)
+        if grad_clip_norm is not None and grad_clip_norm <= 0:
+            raise ValueError(f"grad_clip_norm must be positive (or None for no clipping), got {grad_clip_norm}")
+        if autoresume and save_folder is None:
+            raise ValueError("autoresume=True needs save_folder (where the run's checkpoints are)")
+
+        self.env = dist_utils.current_env()
+        self.rank, self.world_size = self.env.rank, self.env.world_size
+        self.per_device_batch_size = per_device_batch_size(train_dataloader, global_batch_size, self.world_size)
+        self.loggers = make_loggers(loggers)  # an unavailable logger (tensorboard) fails here
+        if save_folder is not None:
+            check_save_folder(save_folder, run_name, self.rank)
+        self.device = torch.device(device) if device is not None else dist_utils.default_device(self.env)
+        dist_utils.init_distributed(self.device)
+        self.microbatch = AutoMicrobatch(microbatch_size, auto, self.device)
+        seed_all(seed + self.rank)
+
+        self.optimizers = _listify(optimizers)
+        self.model = dist_utils.parallelize(model, parallelism, self.device, self.optimizers)
+        self.timestamp = Timestamp()
+        self.schedulers: list[Any] = []
+        for sched in _listify(schedulers):
+            if hasattr(sched, "step"):
+                self.schedulers.append(sched)
+            else:  # a tessera.train.schedule schedule: one LambdaLR per optimizer, reading the live timestamp
+                resolved = sched.resolve(self.max_duration, batches_per_epoch=loader_length(train_dataloader))
+                self.schedulers += [lambda_lr(opt, resolved, lambda: self.timestamp) for opt in self.optimizers]
+        self._amp_dtype = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}.get(self.precision)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision is Precision.AMP_FP16)
+        self._manual_sync = auto and self.world_size > 1 and parallelism == "ddp"
+        self._count_group = torch.distributed.new_group(backend="gloo") if self.world_size > 1 else None
+
+        self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
+        self.eval_subset_num_batches = eval_subset_num_batches
+        self.loss_fn, self.num_tokens_fn = loss_fn, num_tokens_fn
+        self.grad_clip_norm, self.seed, self.parallelism = grad_clip_norm, seed, parallelism
+        self.autoresume, self.load_path, self.load_weights_only = autoresume, load_path, load_weights_only
+        self.callbacks = list(callbacks)
+        self.checkpoints: CheckpointManager | None = None
+        if save_folder is not None:
+            self.checkpoints = CheckpointManager(save_folder, run_name, num_to_keep=save_num_checkpoints_to_keep,
+                                                 keep_every_n=save_keep_every_n, on_saved=self._on_saved)
+        self.run_name = self.checkpoints.run_name if self.checkpoints else (run_name or os.environ.get("RUN_NAME", ""))
+        self.log_dir = Path(log_dir.replace("{run_name}", self.run_name or "run"))
+        self.heartbeat = Heartbeat.from_env(self.run_name, self.rank)
+        self.throughput = Throughput()
+        self.stop_requested = False
+        self._pending_rng: dict[str, Any] | None = None
+        self._last_eval: Timestamp | None = None
+        self._flops_per_token = flops_per_token(self.model)
+        self._peak_flops = peak_flops(self.device, self.precision.value)
+
+    # --- the loop ----------------------------------------------------------------------------------------
+
+    def fit(self) -> None:
+        """Train until `max_duration` (or `stop_requested`), resuming first if asked to."""
+        self._resume()
+        self._start()
+        started_at = self.timestamp
+        batches = EpochIterator(self.train_dataloader, self.timestamp.batch_in_epoch, self._pending_rng)
+        try:
+            while not self._finished():
+                t0 = time.perf_counter()
+                batch = batches.next_batch()
+                data_wait = time.perf_counter() - t0
+                before = self.timestamp
+                if batch is END:  # the loader is exhausted: the epoch is over
+                    if before.batch_in_epoch == 0:
+                        raise RuntimeError(f"train_dataloader yielded no batches in epoch {before.epoch}")
+                    self.timestamp = before.to_next_epoch()
+                    batches.open()
+                    self._after_step(before)
+                    continue
+                if before.batch_in_epoch == 0:
+                    self.per_device_batch_size = check_batch_size(batch_size_of(batch), self.per_device_batch_size)
+                batch = move_to(batch, self.device)
+                loss = self._train_batch(batch)                   # forward + backward over microbatches
+                grad_norm = self._clip_gradients()
+                for opt in self.optimizers:
+                    self.scaler.step(opt)
+                    opt.zero_grad(set_to_none=True)
+                self.scaler.update()
+                self.timestamp = before.to_next_batch(*self._global_counts(batch))
+                for sched in self.schedulers:
+                    sched.step()
+                if batches.epoch_done(self.timestamp.batch_in_epoch):  # a checkpoint now is an epoch end
+                    self.timestamp = self.timestamp.to_next_epoch()
+                    batches.open()
+                self.throughput.update(self.timestamp.sample, self.timestamp.token, data_wait)
+                metrics = self._log_batch(before, loss, grad_norm, batches.length)
+                for callback in self.callbacks:
+                    callback.on_batch_end(self, metrics)
+                self._after_step(before, batches.length)           # eval, checkpoint, heartbeat
+        except BaseException:
+            if self.heartbeat:
+                self.heartbeat.beat(self.timestamp, status="failed", force=True)
+            raise
+        self._finish(started_at)
+
+    def _train_batch(self, batch: Any) -> torch.Tensor:
+        """Forward and backward over the microbatches of one per-device batch; the batch's mean loss.
+
+        With auto-microbatching, an out-of-memory error on any rank halves the microbatch on every rank
+        and reruns the batch from the same RNG state (microbatch.py)."""
+        n = batch_size_of(batch)
+        rng = rng_snapshot(self.device) if self.microbatch.auto else None
+        while True:
+            loss, oom = None, False
+            try:
+                loss = self._accumulate(batch, n)
+            except Exception as exc:
+                if not (self.microbatch.auto and is_out_of_memory(exc)):
+                    raise
+                oom = True
+            if not self.microbatch.auto or not self.microbatch.agree(oom):
+                if self._manual_sync:
+                    dist_utils.all_reduce_gradients(self.model)
+                return loss
+            log.warning("out of memory in a microbatch; retrying the batch with microbatches of %d",
+                        self.microbatch.size)
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
+            rng_restore(rng, self.device)
+
+    def _accumulate(self, batch: Any, n: int) -> torch.Tensor:
+        micro = split_batch(batch, self.microbatch.size_for(n))
+        total = torch.zeros((), device=self.device)
+        for i, mb in enumerate(micro):
+            share = batch_size_of(mb) / n
+            last = i == len(micro) - 1 and not self._manual_sync
+            with dist_utils.gradient_sync(self.model, enabled=last):
+                with self._autocast():
+                    loss = model_outputs(self.model, mb, self.loss_fn)["loss"]
+                self.scaler.scale(loss * share).backward()
+            total += loss.detach().float() * share
+        return total
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp_dtype is not None)
+
+    def _clip_gradients(self) -> torch.Tensor | None:
+        if self.grad_clip_norm is None:
+            return None
+        for opt in self.optimizers:
+            self.scaler.unscale_(opt)
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _global_counts(self, batch: Any) -> tuple[int, int]:
+        tokens = self.num_tokens_fn(batch) if self.num_tokens_fn is not None else count_tokens(batch)
+        counts = torch.tensor([batch_size_of(batch), int(tokens)], dtype=torch.int64)
+        if self._count_group is not None:
+            torch.distributed.all_reduce(counts, group=self._count_group)
+        samples, tokens = counts.tolist()
+        return samples, tokens
+
+    def _finished(self) -> bool:
+        return self.stop_requested or self.timestamp.get(self.max_duration.unit) >= self.max_duration
+
+    def _after_step(self, before: Timestamp, epoch_length: int | None = None) -> None:
+        if self.eval_dataloader is not None and self._fires(self.eval_interval, before, epoch_length):
+            self.evaluate()
+        if self.checkpoints is not None and self._fires(self.save_interval, before, epoch_length):
+            self.save_checkpoint()
+        if self.heartbeat:
+            self.heartbeat.beat(self.timestamp)
+
+    def _fires(self, interval: Time, before: Timestamp, epoch_length: int | None) -> bool:
+        """`dur` intervals of an `ep` max_duration need the epoch length; `ep` intervals count epochs."""
+        return interval_fires(interval, before, self.timestamp, max_duration=self.max_duration,
+                              batches_per_epoch=epoch_length if interval.unit is TimeUnit.DURATION else None)
+
+    # --- evaluation ------------------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        """Mean loss (and other scalars the model returns) over the eval dataloader, over all ranks."""
+        model = self.model if self.parallelism == "fsdp" else unwrap_model(self.model)  # no DDP hooks in eval
+        metrics = evaluate(model, self.eval_dataloader, self.device, loss_fn=self.loss_fn, autocast=self._autocast,
+                           max_batches=self.eval_subset_num_batches)
+        self._last_eval = self.timestamp
+        self._log(metrics)
+        for callback in self.callbacks:
+            callback.on_eval_end(self, metrics)
+        self.throughput.start(self.timestamp.sample, self.timestamp.token)  # eval time is not training time
+        return metrics
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
+
+    @property
+    def config(self) -> dict[str, Any]:
+        """The run settings stored in each checkpoint's meta.json."""
+        return {"run_name": self.run_name, "max_duration": str(self.max_duration), "world_size": self.world_size,
+                "global_batch_size": (self.per_device_batch_size or 0) * self.world_size,
+                "precision": self.precision.value, "parallelism": self.parallelism, "seed": self.seed,
+                "grad_clip_norm": self.grad_clip_norm}
+
+    def save_checkpoint(self) -> None:
+        """Stage the run's state and save it in the background (every rank calls this at the same step)."""
+        assert self.checkpoints is not None
+        start = time.perf_counter()
+        loader_state = self.train_dataloader.state_dict() if hasattr(self.train_dataloader, "state_dict") else None
+        state = capture_state(self.model, self.optimizers, self.schedulers,
+                              self.scaler if self.scaler.is_enabled() else None, timestamp=self.timestamp,
+                              dataloader=loader_state, config=self.config)
+        self.checkpoints.save(state, self.timestamp)
+        self._log({"checkpoint/stall_sec": time.perf_counter() - start})
+
+    def _on_saved(self, info: CheckpointInfo) -> None:  # on the save thread
+        if self.heartbeat and info.committed:
+            self.heartbeat.event("checkpoint", name=info.name, url=info.url, step=info.timestamp.batch,
+                                 bytes=info.bytes, stall_seconds=info.stall_seconds)
+        if self.rank == 0:
+            for logger in self.loggers:
+                logger.flush()
+        for callback in self.callbacks:
+            callback.on_checkpoint_saved(self, info)
+
+    def _resume(self) -> None:
+        state = None
+        if self.autoresume and self.checkpoints is not None:
+            state = self.checkpoints.autoresume(model=self.model, optimizers=self.optimizers)
+        if state is None and self.load_path is not None:
+            manager = self.checkpoints or CheckpointManager(self.load_path)
+            try:
+                state = manager.load(self.load_path, model=self.model, optimizers=self.optimizers,
+                                     weights_only=self.load_weights_only)
+            finally:
+                if manager is not self.checkpoints:
+                    manager.close()
+        if state is None:
+            return
+        where = state.get("checkpoint", {}).get("url", self.load_path)
+        if "schedulers" not in state:  # a weights-only load
+            apply_state(state, self.model, restore_rng=False)
+            log.info("loaded weights from %s", where)
+            return
+        scaler = self.scaler if self.scaler.is_enabled() else None
+        apply_state(state, self.model, self.optimizers, self.schedulers, scaler, restore_rng=False)
+        self.timestamp = Timestamp.from_state_dict(state["timestamp"])
+        self._pending_rng = state.get("rng")
+        if state.get("dataloader") is not None and hasattr(self.train_dataloader, "load_state_dict"):
+            self.train_dataloader.load_state_dict(state["dataloader"])
+        elif self.timestamp.batch_in_epoch:
+            warnings.warn("train_dataloader has no load_state_dict(): the resumed run restarts the epoch from its "
+                          "first batch (use tessera.stream.StreamingDataLoader to continue where it stopped)",
+                          stacklevel=3)
+        saved = state.get("config", {}).get("global_batch_size")
+        now = (self.per_device_batch_size or 0) * self.world_size
+        if saved and now and saved != now:
+            warnings.warn(f"{where} was trained with a global batch of {saved}, this run has {now}: the data order "
+                          f"and the loss curve will differ from an uninterrupted run", stacklevel=3)
+        log.info("resumed from %s at %s", where, self.timestamp)
+
+    # --- start, log, finish --------------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self.rank == 0:
+            remote = self.checkpoints.store.child("logs") if self.checkpoints is not None else None
+            for logger in self.loggers:
+                logger.start(RunInfo(self.run_name, self.config, self.log_dir, remote))
+        if self.heartbeat:
+            self.heartbeat.event("fit_start", step=self.timestamp.batch)
+            self.heartbeat.beat(self.timestamp, force=True)
+        self.model.train()
+        self.throughput.start(self.timestamp.sample, self.timestamp.token)
+        for callback in self.callbacks:
+            callback.on_fit_start(self)
+
+    def _log_batch(self, before: Timestamp, loss: torch.Tensor, grad_norm: torch.Tensor | None,
+                   epoch_length: int | None) -> dict[str, float]:
+        if not interval_fires(self.log_interval, before, self.timestamp):
+            return {}
+        values = torch.stack([loss.float()] + ([grad_norm.float().to(loss.device)] if grad_norm is not None else []))
+        values = dist_utils.all_reduce_(values, "mean").tolist()  # grad norms are equal on every rank already
+        ts = self.timestamp
+        metrics = {"train/loss": values[0], "time/epoch": ts.epoch, "time/sample": ts.sample,
+                   "time/token": ts.token, "time/progress": self._progress(epoch_length),
+                   "train/microbatch_size": self.microbatch.size or 0}
+        if grad_norm is not None:
+            metrics["train/grad_norm"] = values[1]
+        for i, opt in enumerate(self.optimizers):
+            metrics[f"lr/opt{i}"] = opt.param_groups[0]["lr"]
+        metrics.update(self.throughput.metrics(self.world_size, self._flops_per_token, self._peak_flops))
+        self._log(metrics)
+        return metrics
+
+    def _progress(self, epoch_length: int | None) -> float:
+        ts, total = self.timestamp, self.max_duration
+        if total.unit is TimeUnit.EPOCH and epoch_length and total.value:
+            return (ts.epoch + ts.batch_in_epoch / epoch_length) / total.value
+        return ts.fraction_of(total)
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        if self.rank == 0 and metrics:
+            for logger in self.loggers:
+                logger.log_metrics(metrics, self.timestamp.batch)
+
+    def _finish(self, started_at: Timestamp) -> None:
+        trained = self.timestamp != started_at  # False when resuming a run that had already finished
+        if trained and self.eval_dataloader is not None and self._last_eval != self.timestamp:
+            self.evaluate()
+        if trained and self.checkpoints is not None:
+            self.save_checkpoint()
+        if self.checkpoints is not None:
+            self.checkpoints.wait()
+        for callback in self.callbacks:
+            callback.on_fit_end(self)
+        if self.heartbeat:
+            self.heartbeat.event("fit_end", step=self.timestamp.batch)
+            self.heartbeat.beat(self.timestamp, status="finished", force=True)
+        if self.rank == 0:
+            for logger in self.loggers:
+                logger.close()
+
+    def close(self) -> None:
+        """Finish any save in flight and release the checkpoint thread and heartbeat sender."""
+        if self.checkpoints is not None:
+            self.checkpoints.close()
+        if self.heartbeat:
+            self.heartbeat.close()
