@@ -13,6 +13,7 @@ from tessera.cli.llm import app as llm_app
 from tessera.cli.run import app as run_app
 from tessera.cli.secret import app as secret_app
 from tessera.cli.storage import app as storage_app
+from tessera.cli.train import train
 
 app = typer.Typer(help="Tessera: train models on any compute, with data and checkpoints in object storage.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -23,6 +24,7 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(secret_app, name="secret")
 app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
 app.add_typer(llm_app, name="llm")
+app.command("train")(train)
 
 
 @app.callback(invoke_without_command=True)

@@ -45,6 +45,10 @@ class _BatchView(IterableDataset):
     def __iter__(self) -> Iterator[dict[str, Any]]:
         return self.dataset.iter_batches()
 
+    def __len__(self) -> int:
+        """Per-device batches in one epoch, so trainers see the epoch end without running dry."""
+        return len(self.dataset) // self.dataset.batch_size
+
 
 def _tensor(value: np.ndarray) -> torch.Tensor:
     """A writable tensor from a (possibly read-only, mmap-backed) array; uint16 widens to int32."""

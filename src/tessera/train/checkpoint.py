@@ -195,6 +195,7 @@ class CheckpointManager:
         self._nonce, self._seq = nonce[0], 0
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-ckpt")
         self._pending: Future[CheckpointInfo] | None = None
+        self._staging: dict[tuple, Any] = {}  # host buffers reused across saves (see stage_to_host)
         self._last_committed: str | None = None  # written by the save thread, read after wait()
 
     # --- save ------------------------------------------------------------------------------------------
@@ -228,7 +229,8 @@ class CheckpointManager:
         dcp_state = {"model": state["model"], "optimizers": list(state.get("optimizers") or [])}
         self._seq += 1
         job = _SaveJob(name=name, timestamp=timestamp, sharded=sharded, nonce=f"{self._nonce}-{self._seq}",
-                       files=stage_to_host(files), dcp=stage_to_host(dcp_state) if sharded else None,
+                       files=stage_to_host(files, self._staging, ("files",)),
+                       dcp=stage_to_host(dcp_state, self._staging, ("dcp",)) if sharded else None,
                        meta=meta)
         job.stall_seconds = time.perf_counter() - start
         self._pending = self._pool.submit(self._write, job)

@@ -54,7 +54,7 @@ class ProgressLogger(Logger):
     """A rich progress bar (step, loss, tokens/s, ETA) on a terminal; a plain line every `every` logged
     batches otherwise (batch logs, CI). Eval results are always printed."""
 
-    def __init__(self, every: int = 10, stream: Any = None) -> None:
+    def __init__(self, every: int = 1, stream: Any = None) -> None:
         self.every, self.stream = max(1, every), stream or sys.stderr
         self._progress: Any = None
         self._task: Any = None
@@ -78,6 +78,8 @@ class ProgressLogger(Logger):
         info = _summary(metrics, step)
         if any(k.startswith("eval/") for k in metrics):
             self._print(f"[eval] {info}")
+            return
+        if "train/loss" not in metrics:  # e.g. a checkpoint's stall figure: for the JSONL log only
             return
         fraction = metrics.get("time/progress")
         if self._progress is not None:

@@ -95,8 +95,9 @@ class Trainer:
                  log_interval: Time | str = "1ba", callbacks: Sequence[Callback] = (), seed: int = 42,
                  loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
                  num_tokens_fn: Callable[[Any], int] | None = None, device: str | torch.device | None = None,
-                 parallelism: str | None = "ddp") -> None:
+                 parallelism: str | None = "ddp", run_config: dict[str, Any] | None = None) -> None:
         # Configuration errors first, before any process group, download or upload.
+        self.run_config = dict(run_config or {})  # e.g. the recipe: stored in every checkpoint's meta.json
         self.precision = parse_precision(precision)
         if parallelism not in ("ddp", "fsdp", None):
             raise ValueError(f"unknown parallelism {parallelism!r}; use 'ddp', 'fsdp' or None")
@@ -298,7 +299,7 @@ class Trainer:
         return {"run_name": self.run_name, "max_duration": str(self.max_duration), "world_size": self.world_size,
                 "global_batch_size": (self.per_device_batch_size or 0) * self.world_size,
                 "precision": self.precision.value, "parallelism": self.parallelism, "seed": self.seed,
-                "grad_clip_norm": self.grad_clip_norm}
+                "grad_clip_norm": self.grad_clip_norm, **self.run_config}
 
     def save_checkpoint(self) -> None:
         """Stage the run's state and save it in the background (every rank calls this at the same step)."""

@@ -1,0 +1,102 @@
+"""Turn a validated recipe into a model, data loaders, optimizer, schedule and Trainer, and run it.
+
+This is what `tessera train RECIPE.yaml key=value ...` calls. SIGTERM (the platform's "checkpoint and
+stop") asks the trainer to stop after the current batch; it saves, and the process exits with 143 so a
+supervisor can tell a requested stop from a finished run.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import torch
+
+from tessera.llm.model import GPT
+from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
+from tessera.llm.tokenizer import load_tokenizer
+from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
+from tessera.train import Trainer
+from tessera.train.distributed import current_env
+from tessera.train.optim import build_optimizer
+from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
+
+SCHEDULES = {"cosine_with_warmup": CosineWithWarmup, "linear_with_warmup": LinearWithWarmup,
+             "constant_with_warmup": ConstantWithWarmup}
+STOPPED_EXIT_CODE = 143
+
+
+def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int) -> StreamingDataLoader:
+    ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
+                          shuffle=spec.shuffle, shuffle_seed=spec.shuffle_seed,
+                          num_canonical_nodes=spec.num_canonical_nodes, shuffle_block_size=spec.shuffle_block_size,
+                          cache_limit=spec.cache_limit, columns=["tokens"])
+    width = ds.streams[0].entries[0].column_encodings if ds.streams[0].entries else []
+    if width and not str(width[0]).endswith(f":{seq_len}"):
+        raise RecipeError(f"data: the shards hold {width[0]} windows but model.max_seq_len is {seq_len}; "
+                          "prepare the data with --seq-len equal to the model's max_seq_len")
+    return StreamingDataLoader(ds, batch_size=batch_size, batch_path=True, num_workers=spec.num_workers)
+
+
+def build_model(recipe: Recipe, vocab_size: int) -> GPT:
+    fields = dict(recipe.model)
+    fields.setdefault("vocab_size", vocab_size)  # the tokenizer decides unless the recipe pins it
+    if fields["vocab_size"] < vocab_size:
+        raise RecipeError(f"model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's {vocab_size}")
+    return GPT(type(recipe.gpt_config()).from_dict(fields))
+
+
+def make_trainer(recipe: Recipe) -> Trainer:
+    """Everything a run needs, checked in order of cheapness (config, then data index, then model)."""
+    if recipe.torch_threads:
+        torch.set_num_threads(recipe.torch_threads)
+    per_device = recipe.check_batches(current_env().world_size)
+    tokenizer = load_tokenizer(recipe.tokenizer)
+    model = build_model(recipe, tokenizer.vocab_size)
+    seq_len = model.cfg.max_seq_len
+    train = build_loader(recipe.data.train, per_device, seq_len)
+    evals = None
+    if recipe.data.eval is not None:
+        mb = recipe.device_train_microbatch_size
+        evals = build_loader(recipe.data.eval, recipe.data.eval.batch_size or (mb if isinstance(mb, int) else per_device),
+                             seq_len)
+    opt = recipe.optimizer
+    optimizer = build_optimizer(opt.name, model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
+                                weight_decay=opt.weight_decay)
+    sched = recipe.scheduler
+    decay = {"alpha_f": sched.alpha_f} if sched.name != "constant_with_warmup" else {}
+    schedule = SCHEDULES[sched.name](warmup=sched.t_warmup, **decay)
+    save_folder = recipe.save_folder.format(run_name=recipe.run_name) if recipe.save_folder else None
+    return Trainer(
+        model, optimizer, train_dataloader=train, max_duration=recipe.max_duration, schedulers=schedule,
+        run_name=recipe.run_name, save_folder=save_folder, save_interval=recipe.save_interval,
+        save_num_checkpoints_to_keep=recipe.save_num_checkpoints_to_keep, autoresume=recipe.autoresume,
+        load_path=recipe.load_path, eval_dataloader=evals, eval_interval=recipe.eval_interval,
+        eval_subset_num_batches=recipe.data.eval.max_batches if recipe.data.eval else None,
+        precision=recipe.precision, grad_clip_norm=recipe.grad_clip_norm,
+        device_train_microbatch_size=recipe.device_train_microbatch_size,
+        global_batch_size=recipe.global_train_batch_size, loggers=recipe.loggers, log_interval=recipe.log_interval,
+        seed=recipe.seed, run_config=run_config(recipe, model))
+
+
+def run_config(recipe: Recipe, model: GPT) -> dict[str, Any]:
+    """What checkpoints remember: the model to rebuild (export, generate) and the whole recipe."""
+    return {"model": model.cfg.to_dict(), "tokenizer": recipe.tokenizer, "recipe": recipe.model_dump(mode="json")}
+
+
+def train(recipe: Recipe) -> int:
+    """Run the recipe to its max_duration; returns the process exit code (0, or 143 when stopped)."""
+    trainer = make_trainer(recipe)
+    stopped: list[int] = []
+
+    def request_stop(signum: int, _frame: Any) -> None:
+        stopped.append(signum)
+        trainer.stop_requested = True
+
+    previous = signal.signal(signal.SIGTERM, request_stop)
+    try:
+        trainer.fit()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        trainer.close()
+    return STOPPED_EXIT_CODE if stopped else 0
