@@ -20,6 +20,7 @@ from tessera.train import Trainer
 from tessera.train.distributed import current_env
 from tessera.train.optim import build_optimizer
 from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
+from tessera.train.trainer import seed_all
 
 SCHEDULES = {"cosine_with_warmup": CosineWithWarmup, "linear_with_warmup": LinearWithWarmup,
              "constant_with_warmup": ConstantWithWarmup}
@@ -52,6 +53,7 @@ def make_trainer(recipe: Recipe) -> Trainer:
         torch.set_num_threads(recipe.torch_threads)
     per_device = recipe.check_batches(current_env().world_size)
     tokenizer = load_tokenizer(recipe.tokenizer)
+    seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
     model = build_model(recipe, tokenizer.vocab_size)
     seq_len = model.cfg.max_seq_len
     train = build_loader(recipe.data.train, per_device, seq_len)
