@@ -398,6 +398,21 @@ def test_no_checkpoint_and_no_usable_checkpoint(memory_url):
             mgr.autoresume()
 
 
+def test_only_partial_checkpoints_start_from_the_beginning_with_a_warning(memory_url):
+    """Killed during the first save's upload: no pointer, no manifest anywhere. Nothing was ever committed,
+    so autoresume starts fresh (with a warning) instead of failing on every restart."""
+    mgr = CheckpointManager(memory_url)
+    model, opt, sched = make_training()
+    save_checkpoint(mgr, model, opt, sched, Timestamp(batch=1))
+    mgr.wait()
+    mgr.store.delete("ep0-ba1/manifest.json")
+    mgr.store.delete("latest")
+    with pytest.warns(CheckpointWarning) as caught:
+        assert mgr.autoresume() is None
+    assert "no committed checkpoint, only partial ones" in str(caught[-1].message)
+    assert "ep0-ba1" in str(caught[-1].message)
+
+
 def test_load_by_name_by_url_and_weights_only(tmp_path, memory_url):
     model, opt, sched = make_training()
     mgr = CheckpointManager(memory_url)

@@ -168,6 +168,49 @@ def test_kill_9_then_autoresume_is_bitwise_identical(tmp_path, dataset, s3_bucke
     assert logged[-1] == 20 and set(logged) == set(range(1, 21))
 
 
+def test_kill_9_inside_a_save_then_autoresume_is_bitwise_identical(tmp_path, dataset, s3_bucket, forker):
+    """Killed on the save thread itself: mid-upload of the first save (nothing committed: a fresh start),
+    mid-upload of a later one (files of ep0-ba6 in the bucket, no manifest), and between the manifest of
+    ep1-ba12 and the `latest` pointer. Each time autoresume continues from the pointer's checkpoint with
+    a warning, and the run ends bitwise identical to an uninterrupted one."""
+    base = {"data": dataset, "max_duration": "20ba", "save_interval": "3ba"}
+    reference = forker({**base, "out": str(tmp_path / "a")})
+    run = {**base, "out": str(tmp_path / "b"), "save_folder": f"{s3_bucket}/runs/{{run_name}}/checkpoints",
+           "loggers": ["jsonl"]}
+    store = open_store(f"{s3_bucket}/runs/tiny/checkpoints")
+
+    finish(forker({**run, "kill_in_save": {"name": "ep0-ba3", "when": "upload"}}), returncode=-9)
+    partial = {info.key for info in store.list("ep0-ba3/")}
+    assert partial and "ep0-ba3/manifest.json" not in partial and not store.exists("latest")
+
+    second = forker({**run, "autoresume": True, "kill_in_save": {"name": "ep0-ba6", "when": "upload"}})
+    finish(second, returncode=-9)
+    assert "no committed checkpoint, only partial ones" in second[0].output()  # a warning, then step 1
+    assert store.get("latest") == b"ep0-ba3"
+    partial = {info.key for info in store.list("ep0-ba6/")}
+    assert partial and "ep0-ba6/manifest.json" not in partial  # died mid-upload, before the commit
+
+    third = forker({**run, "autoresume": True, "kill_in_save": {"name": "ep1-ba12", "when": "pointer"}})
+    finish(third, returncode=-9)
+    assert "ep0-ba6 is newer than latest but incomplete" in third[0].output()
+    assert "Traceback" not in second[0].output() + third[0].output()
+    assert store.get("latest") == b"ep0-ba9" and store.exists("ep1-ba12/manifest.json")
+
+    last = forker({**run, "autoresume": True})  # resumes from the pointer (ep0-ba9), not ep1-ba12
+    finish(last)
+    finish(reference)
+    a, b = global_steps(tmp_path / "a", 1), global_steps(tmp_path / "b", 1)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    for step in a:
+        assert a[step]["ids"] == b[step]["ids"], step
+        assert a[step]["loss"] == b[step]["loss"], (step, a[step]["loss"], b[step]["loss"])
+    assert_same_weights(tmp_path / "a" / "final.pt", tmp_path / "b" / "final.pt")
+    # The last process to train each step: the second (fresh start) for 1-3, the third for 4-9, the last.
+    pids = [b[step]["pid"] for step in range(1, 21)]
+    assert pids == [second[0].pid] * 3 + [third[0].pid] * 6 + [last[0].pid] * 11
+    assert store.get("latest") == b"ep1-ba20"
+
+
 # --- 2 and 4. two ranks: elastic resume on one rank, auto-microbatching agreed between ranks -------------
 
 
@@ -190,17 +233,23 @@ def two_ranks(tmp_path_factory, dataset, forker) -> dict[str, Any]:
 
 
 def test_elastic_resume_on_another_world_size_continues_the_global_order(two_ranks):
+    """2 ranks (steps 1-4) -> 1 rank (5-6) -> 4 ranks (7-8), global batch 8 throughout: the same global
+    batches and losses as the uninterrupted 2-rank run. Ranks 2 and 3 did not exist at any save."""
     root = two_ranks["root"]
-    finish(two_ranks["forker"]({**two_ranks["elastic"], "max_duration": "8ba", "autoresume": True}, world=1))
+    finish(two_ranks["forker"]({**two_ranks["elastic"], "max_duration": "6ba", "autoresume": True}, world=1))
+    finish(two_ranks["forker"]({**two_ranks["elastic"], "max_duration": "8ba", "autoresume": True}, world=4))
     ref = global_steps(root / "ref", 2)
-    two = global_steps(root / "elastic", 2)  # steps 1-4 on 2 ranks
-    one = global_steps(root / "elastic", 1)  # steps 5-8 on 1 rank (rank 0's file has all 8)
-    assert sorted(ref) == sorted(one) == list(range(1, 9))
+    two = global_steps(root / "elastic", 2)  # steps 1-4 on 2 ranks (rank 1 logged 1-4 and 7-8)
+    one = global_steps(root / "elastic", 1)  # steps 5-6 on 1 rank (rank 0's file has all 8)
+    four = global_steps(root / "elastic", 4)  # steps 7-8 on 4 ranks
+    assert sorted(ref) == sorted(one) == list(range(1, 9)) and sorted(four) == [7, 8]
     for step in range(1, 9):
-        got = two[step] if step <= 4 else one[step]
+        got = two[step] if step <= 4 else one[step] if step <= 6 else four[step]
         assert got["ids"] == ref[step]["ids"], f"step {step}: another global batch"
         assert math.isclose(got["loss"], ref[step]["loss"], rel_tol=1e-5), (step, got["loss"], ref[step]["loss"])
-    assert len({one[s]["pid"] for s in range(5, 9)}) == 1 and one[5]["pid"] != one[4]["pid"]
+    pids = [one[s]["pid"] for s in range(1, 9)]
+    assert len(set(pids[:4])) == len(set(pids[4:6])) == len(set(pids[6:])) == 1 and len(set(pids)) == 3
+    assert [len(tr.read_steps(root / "elastic", r)[8]["ids"]) for r in range(4)] == [2, 2, 2, 2]
     assert_same_weights(root / "ref" / "final.pt", root / "elastic" / "final.pt", exact=False)
 
 

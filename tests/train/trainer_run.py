@@ -119,7 +119,29 @@ def build(cfg: dict[str, Any]) -> tuple[Trainer, Recorder]:
                       loggers=cfg.get("loggers", []), log_dir=str(out / "logs"), callbacks=[recorder],
                       seed=cfg.get("seed", 1), num_tokens_fn=lambda b: b["x"].numel(),
                       parallelism=cfg.get("parallelism", "ddp"))
+    if cfg.get("kill_in_save") and trainer.checkpoints is not None:
+        kill_inside_saves(type(trainer.checkpoints.store), **cfg["kill_in_save"])
     return trainer, recorder
+
+
+def kill_inside_saves(store_cls: type, name: str, when: str) -> None:
+    """SIGKILL this process from inside the save of checkpoint `name`, on the background save thread:
+    `when="upload"` once the first of its files is uploaded (no manifest yet), `when="pointer"` once its
+    manifest is written, just before `latest` would point at it. Patches the store class, so only for
+    forked children (never in the test process)."""
+    put, put_file = store_cls.put, store_cls.put_file
+
+    def put_file_then_kill(self, key, path):
+        put_file(self, key, path)
+        if when == "upload" and f"/{name}/" in self.url_for(key):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def kill_before_pointer(self, key, data):
+        if when == "pointer" and key.rsplit("/", 1)[-1] == "latest" and bytes(data) == name.encode():
+            os.kill(os.getpid(), signal.SIGKILL)
+        put(self, key, data)
+
+    store_cls.put_file, store_cls.put = put_file_then_kill, kill_before_pointer
 
 
 def run(cfg: dict[str, Any]) -> Trainer:

@@ -22,9 +22,11 @@ waits for the previous one and re-raises its error, as does `wait`.
 
 Load: the pointer's target first, then every other folder newest first. A candidate is used only if
 its manifest exists and every file it names has the right size and xxh64 hash; otherwise a
-`CheckpointWarning` names the folder and the reason, and the previous one is tried. Under several
-ranks, rank 0 picks the candidates and all ranks agree (all_reduce) before loading, so every rank
-resumes from the same checkpoint.
+`CheckpointWarning` names the folder and the reason, and the previous one is tried. If nothing was
+ever committed (no pointer, no manifest: every folder is a save killed before its commit), autoresume
+warns and starts from the beginning rather than failing on every restart. Under several ranks, rank 0
+picks the candidates and all ranks agree (all_reduce) before loading, so every rank resumes from the
+same checkpoint.
 
 Elastic resume: non-sharded states are world-size free; sharded ones are resharded by DCP into the
 current model (pass `model=` and `optimizers=` to load). Ranks beyond the saved world size get the saved
@@ -350,7 +352,7 @@ class CheckpointManager:
     def _load_newest(self, store: Store, model: torch.nn.Module | None,
                      optimizers: Sequence[torch.optim.Optimizer], weights_only: bool,
                      strict: bool) -> dict[str, Any] | None:
-        candidates = self._broadcast(self._candidates(store) if self.rank == 0 else None)
+        candidates, committed = self._broadcast(self._candidates(store) if self.rank == 0 else None)
         failures = []
         for name in candidates:
             try:
@@ -362,20 +364,27 @@ class CheckpointManager:
             return self._materialize(fetched, model, optimizers, weights_only, strict)
         if not candidates:
             return None
+        if not committed:  # only saves that died before their commit (e.g. killed during the first one)
+            self._warn(f"{store.url}: no committed checkpoint, only partial ones ({'; '.join(failures)}); "
+                       f"starting from the beginning")
+            return None
         raise CheckpointCorrupt(f"{store.url}: no usable checkpoint ({'; '.join(failures)}). Fix or delete "
                                 f"them, or start without autoresume", store.url)
 
-    def _candidates(self, store: Store) -> list[str]:
-        """The pointer's target first, then every other checkpoint folder, newest first."""
+    def _candidates(self, store: Store) -> tuple[list[str], bool]:
+        """The pointer's target first, then every other checkpoint folder, newest first; and whether any
+        save was ever committed (a pointer or a manifest exists). Without one, every folder is a save
+        that died before its commit, and the run starts from the beginning."""
         folders = list_checkpoints(store)
         ordered = newest_first(folders)
         pointer = read_pointer(store)
+        committed = pointer is not None or any(MANIFEST in files for files in folders.values())
         if pointer is None:
-            return ordered
+            return ordered, committed
         if pointer not in folders:
             self._warn(f"{store.url_for(POINTER)} names {pointer!r}, which is missing from the store; "
                        f"trying the newest remaining checkpoint")
-            return ordered
+            return ordered, committed
         for name in ordered:
             if name_order(name) <= name_order(pointer):
                 break
@@ -385,7 +394,7 @@ class CheckpointManager:
             else:  # died between manifest and pointer: the pointer is the commit, so it is not used
                 log.info("checkpoint %s has a manifest but %s never moved to it; resuming from %s",
                          store.url_for(name), POINTER, pointer)
-        return [pointer] + [n for n in ordered if n != pointer]
+        return [pointer] + [n for n in ordered if n != pointer], committed
 
     def _agreed_fetch(self, store: Store, name: str, weights_only: bool) -> _Fetched:
         """Download and verify on every rank; succeed only if every rank succeeded."""
