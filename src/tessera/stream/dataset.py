@@ -7,7 +7,8 @@ module only does I/O around it: which shard to fetch next, reading samples, and 
 Global batch t of an epoch is S[start + t*G : start + (t+1)*G] with G = batch_size * data-parallel
 ranks, whatever the number of nodes, ranks or DataLoader workers. The last global batch is completed
 by wrapping around to the start of S (counted in `padding`), so every rank gets the same number of
-samples and DDP never waits on a rank that ran out.
+samples and DDP never waits on a rank that ran out. That is batching_method="random"; "stratified"
+and "per_stream" build their global batches from one sequence per stream (`batching.py`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from torch.utils.data import IterableDataset
 
 from tessera.shards.reader import ShardReader
 from tessera.shards.sizes import parse_size
+from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method, stratified_counts
 from tessera.stream.cache import CacheLimitError
-from tessera.stream.plan import PlanConfig, PlanState, RunPlan
+from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.prefetch import Prefetcher
 from tessera.stream.schedule import BatchSchedule, DeviceLayout, rank_positions
 from tessera.stream.state import StageTimes, check_resume_state, make_state
@@ -71,8 +73,7 @@ class StreamingDataset(IterableDataset):
             raise ValueError("pass either streams=[...] or remote/local, not both")
         if sampling_granularity != 1:
             raise NotImplementedError("sampling_granularity other than 1 is not supported (docs/streaming.md)")
-        if batching_method != "random":
-            raise NotImplementedError(f"batching_method={batching_method!r} is not supported yet; only 'random'")
+        self.batching_method = check_batching_method(batching_method)
         if partition_algo not in ("orig", "relaxed"):
             raise ValueError(f"unknown partition_algo {partition_algo!r}")
         specs = list(streams) if streams else [Stream(remote=remote, local=local, split=split)]
@@ -111,6 +112,9 @@ class StreamingDataset(IterableDataset):
                                   sampling_method=sampling_method,
                                   dataset_fingerprint=":".join(st.fingerprint for st in self.streams))
         self._run = RunPlan([st.shards() for st in self.streams], self._config)
+        self._stream_plans: StreamPlans | None = None  # batching_method other than "random" (batching.py)
+        if self.batching_method == "stratified":  # G below the number of streams: an error before any download
+            stratified_counts([c for c in self._run.units.choose.tolist() if c > 0], self.global_batch_size(world))
         self._epoch = 0
         self._resume: PlanState | None = None
         self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
@@ -178,8 +182,20 @@ class StreamingDataset(IterableDataset):
         """Samples this rank reads in one epoch (every rank reads the same number)."""
         world = World.from_env()
         G = self.global_batch_size(world)
-        n = len(self._run.epoch(self._epoch))
+        n = self._epoch_samples(self._epoch, G)
         return math.ceil(n / G) * self.batch_size
+
+    def _batched(self, epoch: int, G: int, start: int = 0) -> StreamSchedule:
+        """The schedule of a batching_method other than "random" (see batching.py)."""
+        if self._stream_plans is None or self._stream_plans.run is not self._run:
+            self._stream_plans = StreamPlans(self._run)
+        return self._stream_plans.schedule(self.batching_method, epoch, G, start)
+
+    def _epoch_samples(self, epoch: int, G: int) -> int:
+        """Positions served in an epoch before the wrap-around of its last global batch."""
+        if self.batching_method == "random":
+            return len(self._run.epoch(epoch))
+        return self._batched(epoch, G).epoch_samples
 
     # --- random access --------------------------------------------------------------------------------
     def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -256,12 +272,31 @@ class StreamingDataset(IterableDataset):
         """
         epoch, start = self._begin()
         consumed = num_samples if from_beginning else start + num_samples
-        n = len(self._run.epoch(epoch))
-        return make_state(self._run, epoch, min(consumed, n))  # the wrapped tail counts as the end
+        if self.batching_method == "random":
+            n = len(self._run.epoch(epoch))
+            state = make_state(self._run, epoch, min(consumed, n))  # the wrapped tail counts as the end
+            return {**state, "batching_method": "random"}
+        G = self.global_batch_size()
+        consumed = min(consumed, self._epoch_samples(epoch, G))
+        if consumed % G:
+            raise ValueError(f"batching_method={self.batching_method!r} resumes at global batch boundaries: "
+                             f"{consumed} samples is not a multiple of the global batch size {G}")
+        state = make_state(self._run, epoch, 0)
+        return {**state, "samples_consumed": consumed, "sample_in_epoch": consumed,
+                "batching_method": self.batching_method, "global_batch_size": G}
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         """Continue the global order exactly where `obj` stopped, on any world size or worker count."""
         state = check_resume_state(obj, self._config)
+        saved = obj.get("batching_method", "random" if obj.get("format") else self.batching_method)
+        if saved != self.batching_method:
+            raise PlanStateMismatch(f"resume state has batching_method={saved!r} but this run has "
+                                    f"{self.batching_method!r}")
+        if self.batching_method != "random" and obj.get("global_batch_size", self.global_batch_size()) \
+                != self.global_batch_size():
+            raise PlanStateMismatch(f"resume state has global_batch_size={obj['global_batch_size']} but this run "
+                                    f"has {self.global_batch_size()}: batching_method={self.batching_method!r} "
+                                    "resumes only with the same global batch size")
         if state.num_lanes != self._config.num_lanes or state.block_size != self._config.block_size:
             self._config = PlanConfig(**{**self._config.__dict__, "num_lanes": state.num_lanes,
                                          "shuffle_block_size": state.block_size})
@@ -269,24 +304,32 @@ class StreamingDataset(IterableDataset):
         if not state.fingerprint:  # a MosaicML Streaming state: same data assumed, our fingerprint
             state = dataclasses.replace(state, fingerprint=self._run.fingerprint)
         self._run.check_state(state)
-        n = len(self._run.epoch(state.epoch))
+        n = self._epoch_samples(state.epoch, self.global_batch_size())
         if state.samples_consumed >= n:  # the epoch was finished: start the next one
             self._epoch, self._resume = state.epoch + 1, None
             return
         self._epoch, self._resume = state.epoch, state
 
     # --- iteration --------------------------------------------------------------------------------------
-    def _schedule(self) -> tuple[BatchSchedule, World, DeviceLayout]:
+    def _schedule(self) -> tuple[BatchSchedule | StreamSchedule, World, DeviceLayout]:
         world = World.from_env()
         self._check_world(world)
         layout = self._layout(world)
         epoch, start = self._begin()
+        if self.batching_method != "random":
+            sched = self._batched(epoch, self.global_batch_size(world), start)
+            sched.check_layout(layout)
+            return sched, world, layout
         sched = self._run.epoch(epoch).schedule(self.global_batch_size(world), start)
         sched.check_layout(layout)
         return sched, world, layout
 
-    def _batches(self, sched: BatchSchedule, layout: DeviceLayout) -> Iterator[tuple[int, np.ndarray]]:
+    def _batches(self, sched: BatchSchedule | StreamSchedule,
+                 layout: DeviceLayout) -> Iterator[tuple[int, np.ndarray]]:
         """(t, sample ids) of each rank batch this reader serves; the last global batch wraps around."""
+        if isinstance(sched, StreamSchedule):
+            yield from sched.worker_batches(layout)
+            return
         n, G = len(sched.plan), sched.global_batch_size
         readers = max(1, layout.num_workers)
         ts_all = range(layout.worker_id, sched.num_batches, readers)
@@ -298,7 +341,7 @@ class StreamingDataset(IterableDataset):
             ids = sched.plan.samples_at((pos % n).reshape(-1)).reshape(pos.shape)
             yield from zip(ts.tolist(), ids, strict=True)
 
-    def _prefetcher(self, sched: BatchSchedule, layout: DeviceLayout) -> Prefetcher:
+    def _prefetcher(self, sched: BatchSchedule | StreamSchedule, layout: DeviceLayout) -> Prefetcher:
         window = self.predownload if self.predownload is not None else max(8 * self.batch_size, 512)
         return Prefetcher(sched.shard_order(layout), self._prefetch, self._path, window)
 
