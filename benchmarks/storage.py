@@ -39,10 +39,21 @@ def timed(fn, repeats: int) -> float:
     return statistics.median(runs)
 
 
+def interleaved(fns: dict, repeats: int) -> dict:
+    """Median seconds per named function, run in turns (a, b, a, b, ...) so both see the same noise."""
+    runs: dict = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(times) for name, times in runs.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sizes", default="1,16,256", help="object sizes in MiB")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     server = start_server(buckets=("bench",))
@@ -60,12 +71,17 @@ def main() -> None:
                 row = {"size_mib": mib}
                 store.put_file(key, src)  # warm both clients' connection pools before timing
                 boto.upload_file(str(src), "bench", f"objects/{key}-b", Config=SINGLE)
-                row["tessera_put"] = mib / timed(lambda: store.put_file(key, src), args.repeats)
-                row["boto3_put"] = mib / timed(
-                    lambda: boto.upload_file(str(src), "bench", f"objects/{key}-b", Config=SINGLE), args.repeats)
-                row["tessera_get"] = mib / timed(lambda: download(store.url_for(key), out), args.repeats)
-                row["boto3_get"] = mib / timed(
-                    lambda: boto.download_file("bench", f"objects/{key}-b", str(out), Config=SINGLE), args.repeats)
+                puts = interleaved({
+                    "tessera": lambda: store.put_file(key, src),
+                    "boto3": lambda: boto.upload_file(str(src), "bench", f"objects/{key}-b", Config=SINGLE),
+                }, args.repeats)
+                time.sleep(1.0)  # let the server settle after the overwrites before timing reads
+                gets = interleaved({
+                    "tessera": lambda: download(store.url_for(key), out),
+                    "boto3": lambda: boto.download_file("bench", f"objects/{key}-b", str(out), Config=SINGLE),
+                }, args.repeats)
+                row["tessera_put"], row["boto3_put"] = mib / puts["tessera"], mib / puts["boto3"]
+                row["tessera_get"], row["boto3_get"] = mib / gets["tessera"], mib / gets["boto3"]
                 row["get_speedup"] = row["tessera_get"] / row["boto3_get"]
                 results.append(row)
                 src.unlink()
