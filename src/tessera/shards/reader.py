@@ -225,8 +225,16 @@ class ShardReader:
     def column_view(self, name: str) -> np.ndarray:
         """All values of a fixed-size column as one read-only strided view of the mapping (no copy).
 
-        Only for shards whose columns are all fixed-size (every sample has the same layout).
+        Only for shards whose columns are all fixed-size (every sample has the same layout). Built once
+        per column and kept: batch reads call this for every batch.
         """
+        views = self.__dict__.setdefault("_views", {})
+        view = views.get(name)
+        if view is None:
+            view = views[name] = self._make_column_view(name)
+        return view
+
+    def _make_column_view(self, name: str) -> np.ndarray:
         col = self._fixed_column(name)
         if not self._uniform:
             raise ValueError(f"{self.label}: column_view needs a shard whose columns are all fixed-size")
@@ -301,3 +309,4 @@ class ShardReader:
     def close(self) -> None:
         """Drop the mapping. Arrays still viewing it keep it alive until they are garbage."""
         self._mm = None  # type: ignore[assignment]
+        self.__dict__.pop("_views", None)

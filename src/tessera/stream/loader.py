@@ -51,9 +51,8 @@ class _BatchView(IterableDataset):
 
 
 def _tensor(value: np.ndarray) -> torch.Tensor:
-    """A writable tensor from a (possibly read-only, mmap-backed) array; uint16 widens to int32."""
-    if value.dtype == np.uint16:
-        return torch.from_numpy(value.astype(np.int32))  # torch has little uint16 arithmetic
+    """A writable tensor from a (possibly read-only, mmap-backed) array. uint16 stays uint16 (half the
+    bytes to move from workers); widen it where it is used (embedding lookups take `.long()`)."""
     return torch.from_numpy(np.array(value, copy=not value.flags.writeable))
 
 
