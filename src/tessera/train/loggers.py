@@ -137,7 +137,8 @@ class JSONLLogger(Logger):
                 self.path.write_bytes(self.remote.get(self.path.name))
             except NotFound:
                 pass
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (closed in close())
+        # Line-buffered: every logged line reaches the OS at once, so a kill -9 loses none of them.
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         line = json.dumps({"step": step, **metrics}, allow_nan=True)
