@@ -135,6 +135,8 @@ def test_supervisor_restart_picks_up_where_it_was(platform: Platform, tmp_path: 
     state = tmp_path / "state"
     platform.create_run(spec("survivor", trainer_command(state, "--steps 8 --step-time 0.1 --fault crash --at 3")))
     wait_for(lambda: (state / "fault-crash.done").exists(), what="the crash point")
+    # the supervisor marks RUNNING on its next poll after the first heartbeat: wait for it (no race)
+    wait_for(lambda: platform.get_run("survivor").status == "RUNNING", what="the run to be RUNNING")
     assert stop_supervisor(platform.home)
     assert not supervisor_running(platform.home)
     os.kill(trainer_pid(state), signal.SIGKILL)     # the failure happens while nobody watches
