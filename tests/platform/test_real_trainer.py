@@ -21,11 +21,11 @@ from tessera.platform import Platform, RunFailed
 torch = pytest.importorskip("torch")
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
-STEPS = 30
+STEPS = 150  # long enough that a move requested after the first checkpoint lands mid-run
 TIMEOUT = 90
 TINY = ("model.d_model=32 model.n_layers=1 model.max_seq_len=32 global_train_batch_size=4 "
         "device_train_microbatch_size=2 torch_threads=1 "
-        "scheduler.t_warmup=4ba optimizer.lr=1e-2 save_interval=5ba eval_interval=100ba log_interval=1ba "
+        "scheduler.t_warmup=4ba optimizer.lr=1e-2 save_interval=10ba eval_interval=1000ba log_interval=1ba "
         f"loggers=[jsonl] data.eval.max_batches=1 max_duration={STEPS}ba")
 
 
@@ -69,8 +69,9 @@ def losses(folder: Path) -> dict[int, float]:
 
 
 def final_weights(folder: Path) -> dict:
-    assert (folder / "ckpt" / "latest").read_text().strip() == f"ep0-ba{STEPS}"
-    state = torch.load(folder / "ckpt" / f"ep0-ba{STEPS}" / "model.pt", map_location="cpu", weights_only=True)
+    final = (folder / "ckpt" / "latest").read_text().strip()
+    assert final.endswith(f"-ba{STEPS}"), final
+    state = torch.load(folder / "ckpt" / final / "model.pt", map_location="cpu", weights_only=True)
     return state.get("model", state)
 
 
@@ -159,7 +160,8 @@ def test_two_node_job_trains_over_gloo(platform: Platform, slurm_cluster: SlurmC
     run = platform.wait_for_run_status("pair", "COMPLETED", timeout=TIMEOUT)
     [res] = run.resumptions
     assert len(res.nodes) == 2 and set(res.nodes) <= set(slurm_cluster.nodes)
-    assert (tmp_path / "ckpt" / f"ep0-ba{STEPS}" / "rank1.pt").exists()
+    final = (tmp_path / "ckpt" / "latest").read_text().strip()
+    assert final.endswith(f"-ba{STEPS}") and (tmp_path / "ckpt" / final / "rank1.pt").exists(), final
     loss = losses(tmp_path)
     assert sorted(loss) == list(range(1, STEPS + 1)) and loss[STEPS] < loss[1] - 0.5
     log1 = "\n".join(platform.follow_logs("pair", rank=1, follow=False))
