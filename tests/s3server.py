@@ -283,14 +283,26 @@ class SeaweedServer:
         while True:
             try:
                 client.create_bucket(Bucket=name)
-                return
+                break
             except client.exceptions.BucketAlreadyOwnedByYou:
-                return
+                break
             except Exception as exc:
                 code = getattr(exc, "response", {}).get("Error", {}).get("Code")
                 if code == "InvalidBucketName" or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
+        # A new bucket's first writes can answer 500 for a moment while SeaweedFS grows a volume for it
+        # (seen under load in CI): wait until one PUT is accepted, so tests start on a writable bucket.
+        deadline = time.monotonic() + 4 * timeout
+        while True:
+            try:
+                client.put_object(Bucket=name, Key=".ready", Body=b"")
+                client.delete_object(Bucket=name, Key=".ready")
+                return
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:
