@@ -56,6 +56,10 @@ FIXED_FLAGS = (
     "-s3.port.iceberg=0",
     "-s3.port.lance=0",
     "-s3.autoCreateBucket=false",  # like AWS: a PUT into a missing bucket fails (NoSuchBucket)
+    # Every bucket is a SeaweedFS collection with volumes of its own; mini's automatic volume cap ran
+    # out after ~55 buckets ("No writable volumes and no free volumes left" -> HTTP 500 on PUT), and the
+    # suite makes far more. Volumes are sparse files, so a high cap costs no disk.
+    "-volume.max=2000",
 )
 # Below the Linux ephemeral range (32768+) so outgoing connections do not grab them, and < 55535.
 PORT_RANGE = (20000, 32000)
@@ -291,17 +295,18 @@ class SeaweedServer:
                 if code == "InvalidBucketName" or time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        # A new bucket's first writes can answer 500 for a moment while SeaweedFS grows a volume for it
-        # (seen under load in CI): wait until one PUT is accepted, so tests start on a writable bucket.
+        # A new bucket's first write can answer 500 for a moment while SeaweedFS grows a volume for it:
+        # wait until one PUT is accepted, so tests start on a writable bucket.
         deadline = time.monotonic() + 4 * timeout
         while True:
             try:
                 client.put_object(Bucket=name, Key=".ready", Body=b"")
                 client.delete_object(Bucket=name, Key=".ready")
                 return
-            except Exception:
+            except Exception as exc:
                 if time.monotonic() > deadline:
-                    raise
+                    raise RuntimeError(f"bucket {name} never accepted a PUT; SeaweedFS log:\n"
+                                       f"{self.log_tail(5)}") from exc
                 time.sleep(0.2)
 
 
