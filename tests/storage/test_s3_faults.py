@@ -118,10 +118,10 @@ def read_with_retries(server, key: str, timeout: float = 10.0) -> bytes:
 # --- SIGKILL in the middle of a 64 MiB download -----------------------------------------------------
 
 
-def test_download_survives_server_restart(server, big_object, dl):
+def kill_server_mid_download(server, big_object, dl, retry: RetryPolicy, restart: bool) -> Background:
+    """Start a throttled download of the big object, SIGKILL the server once the temp file exists
+    (optionally restarting it a second later) and return the finished job."""
     url, digest = big_object
-    retry = RetryPolicy(max_attempts=12, base_delay=0.5, max_delay=2.0, connect_timeout=2.0,
-                        request_timeout=30.0)
     dest = dl / "big.bin"
     with ThrottledProxy(server.ports["s3.port"], PROXY_RATE) as proxy:
         opts = store_options(server, endpoint=proxy.endpoint, retry=retry)
@@ -130,9 +130,19 @@ def test_download_survives_server_restart(server, big_object, dl):
         time.sleep(0.3)
         assert job.thread.is_alive(), "the download finished before the kill: nothing was tested"
         server.kill()
-        time.sleep(1.0)
-        server.restart()
-        job.join(timeout=60)
+        if restart:
+            time.sleep(1.0)
+            server.restart()
+        job.join(timeout=60 if restart else 30)
+    return job
+
+
+def test_download_survives_server_restart(server, big_object, dl):
+    _, digest = big_object
+    retry = RetryPolicy(max_attempts=12, base_delay=0.5, max_delay=2.0, connect_timeout=2.0,
+                        request_timeout=30.0)
+    dest = dl / "big.bin"
+    job = kill_server_mid_download(server, big_object, dl, retry, restart=True)
     assert job.error is None, repr(job.error)
     assert job.result == BIG
     with open(dest, "rb") as f:
@@ -141,18 +151,9 @@ def test_download_survives_server_restart(server, big_object, dl):
 
 
 def test_interrupted_download_leaves_no_file(server, big_object, dl):
-    url, digest = big_object
     retry = RetryPolicy(max_attempts=3, base_delay=0.1, max_delay=0.2, connect_timeout=1.0,
                         request_timeout=10.0)
-    dest = dl / "big.bin"
-    with ThrottledProxy(server.ports["s3.port"], PROXY_RATE) as proxy:
-        opts = store_options(server, endpoint=proxy.endpoint, retry=retry)
-        job = Background(lambda: download(url, dest, size=BIG, hash=("xxh64", digest), **opts))
-        wait_for_temp_file(dl)
-        time.sleep(0.3)
-        assert job.thread.is_alive(), "the download finished before the kill: nothing was tested"
-        server.kill()
-        job.join(timeout=30)
+    job = kill_server_mid_download(server, big_object, dl, retry, restart=False)
     assert isinstance(job.error, StorageError), repr(job.error)
     assert "big.bin" in str(job.error)
     assert list(dl.iterdir()) == [], "no file and no temp file may be left behind"

@@ -137,6 +137,18 @@ def assert_same_weights(a: Path, b: Path, exact: bool = True) -> None:
             torch.testing.assert_close(wa[key], wb[key], rtol=1e-4, atol=1e-5, msg=key)
 
 
+def assert_bitwise_same_run(a_out: Path, b_out: Path, steps: int) -> dict[int, dict[str, Any]]:
+    """Runs A (uninterrupted) and B (killed and resumed) trained the same batches with the same losses
+    at every step and ended with the same weights, bit for bit; returns B's steps."""
+    a, b = global_steps(a_out, 1), global_steps(b_out, 1)
+    assert sorted(a) == sorted(b) == list(range(1, steps + 1))
+    for step in a:
+        assert a[step]["ids"] == b[step]["ids"], step
+        assert a[step]["loss"] == b[step]["loss"], (step, a[step]["loss"], b[step]["loss"])
+    assert_same_weights(a_out / "final.pt", b_out / "final.pt")
+    return b
+
+
 # --- 1. kill -9 and autoresume: bitwise identical, checkpoints in S3 -----------------------------------------
 
 
@@ -152,12 +164,7 @@ def test_kill_9_then_autoresume_is_bitwise_identical(tmp_path, dataset, s3_bucke
     finish(forker({**run, "autoresume": True}))
     finish(reference)
 
-    a, b = global_steps(tmp_path / "a", 1), global_steps(tmp_path / "b", 1)
-    assert sorted(a) == sorted(b) == list(range(1, 21))
-    for step in a:
-        assert a[step]["ids"] == b[step]["ids"], step
-        assert a[step]["loss"] == b[step]["loss"], (step, a[step]["loss"], b[step]["loss"])
-    assert_same_weights(tmp_path / "a" / "final.pt", tmp_path / "b" / "final.pt")
+    b = assert_bitwise_same_run(tmp_path / "a", tmp_path / "b", steps=20)
     # Three processes trained B: the third one resumed from the epoch-end checkpoint ep1-ba12.
     pids = [b[step]["pid"] for step in range(1, 21)]
     assert len(set(pids)) == 3 and pids[12] != pids[11] and len(set(pids[12:])) == 1
@@ -199,12 +206,7 @@ def test_kill_9_inside_a_save_then_autoresume_is_bitwise_identical(tmp_path, dat
     last = forker({**run, "autoresume": True})  # resumes from the pointer (ep0-ba9), not ep1-ba12
     finish(last)
     finish(reference)
-    a, b = global_steps(tmp_path / "a", 1), global_steps(tmp_path / "b", 1)
-    assert sorted(a) == sorted(b) == list(range(1, 21))
-    for step in a:
-        assert a[step]["ids"] == b[step]["ids"], step
-        assert a[step]["loss"] == b[step]["loss"], (step, a[step]["loss"], b[step]["loss"])
-    assert_same_weights(tmp_path / "a" / "final.pt", tmp_path / "b" / "final.pt")
+    b = assert_bitwise_same_run(tmp_path / "a", tmp_path / "b", steps=20)
     # The last process to train each step: the second (fresh start) for 1-3, the third for 4-9, the last.
     pids = [b[step]["pid"] for step in range(1, 21)]
     assert pids == [second[0].pid] * 3 + [third[0].pid] * 6 + [last[0].pid] * 11
