@@ -5,19 +5,12 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
 
 app = typer.Typer(help="Register clusters (local, slurm, kubernetes) and look at their nodes.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
-
-
-def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
 
 
 @app.command("add")
@@ -42,7 +35,7 @@ def add(name: str = typer.Argument(..., help="Cluster name (used as compute.clus
                                      namespace=namespace, image=image, kubeconfig=kubeconfig, context=context,
                                      host=host)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"added cluster {name} ({cfg['type']})")
 
 
@@ -67,7 +60,7 @@ def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Prin
     try:
         info = Platform().describe_cluster(name)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(info, indent=1))
         return
@@ -91,7 +84,7 @@ def remove(name: str) -> None:
     try:
         Platform().remove_cluster(name)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"removed cluster {name}")
 
 
@@ -99,5 +92,5 @@ def remove(name: str) -> None:
 def clear_node(name: str, node: str) -> None:
     """Forget a node's recorded faults, so runs may use it again."""
     if not Platform().clear_node(name, node):
-        _fail(ValueError(f"node {node} of {name} has no recorded faults"))
+        fail(ValueError(f"node {node} of {name} has no recorded faults"))
     err.print(f"node {node} of {name} cleared")

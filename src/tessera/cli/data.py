@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tessera.cli.console import err, fail, out
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
 from tessera.shards.dataset import open_dataset_store, read_index
@@ -20,14 +20,7 @@ from tessera.shards.verify import verify_dataset
 from tessera.storage import StorageError
 
 app = typer.Typer(help="Convert data to MDS shards and inspect, verify or repair datasets.", no_args_is_help=True)
-out = Console()
-err = Console(stderr=True)
 ERRORS = (ShardError, StorageError, SourceError, ValueError, FileNotFoundError)
-
-
-def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
 
 
 def _mb(n: float) -> str:
@@ -42,7 +35,7 @@ def convert(input: str = typer.Argument(..., help="File or folder to convert."),
             compression: str = typer.Option(None, help="e.g. zstd, zstd:7, br, gz, bz2, snappy."),
             hashes: str = typer.Option(None, help="Comma-separated hash algorithms, e.g. xxh64,sha1."),
             size_limit: str = typer.Option("64mb", help="Shard size limit (bytes or 64mb)."),
-            workers: int = typer.Option(1, help="Processes that read and parse the input."),
+            workers: int = typer.Option(1, help="Processes that read and encode the input (same dataset for any N)."),
             mode: str = typer.Option("create", help="create | append | resume | overwrite."),
             text_field: str = typer.Option(None, help="Keep only this field (as 'text')."),
             as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
@@ -50,19 +43,20 @@ def convert(input: str = typer.Argument(..., help="File or folder to convert."),
     try:
         cols = parse_columns(columns) if columns else None
         algos = [h.strip() for h in hashes.split(",")] if hashes else None
+        # auto_refresh=False: no refresh thread, so `convert` may fork its workers (see `start_method`)
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err) as bar:
+                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err, auto_refresh=False) as bar:
             task = bar.add_task("converting (chunks)", total=None, rate="")
 
             def progress(samples: int, chunks: int) -> None:
                 secs = max(bar.tasks[0].elapsed or 1e-9, 1e-9)
-                bar.update(task, completed=chunks, rate=f"{samples:,} samples, {samples / secs:,.0f}/s")
+                bar.update(task, completed=chunks, rate=f"{samples:,} samples, {samples / secs:,.0f}/s", refresh=True)
 
             summary = run_convert(input, out_url, fmt=fmt, columns=cols, compression=compression, hashes=algos,
                                   size_limit=size_limit, workers=workers, mode=mode, text_field=text_field,
                                   progress=progress)
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps({**summary.__dict__, "samples_per_second": summary.samples_per_second,
                                "mb_per_second": summary.mb_per_second}))
@@ -97,7 +91,7 @@ def inspect(url: str, split: str = typer.Option(None, help="Sub-folder holding t
     try:
         info = _describe(url, split)
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(info))
         return
@@ -131,7 +125,7 @@ def head(url: str, n: int = typer.Option(5, "-n", help="How many samples."),
         for i in range(min(n, len(ds))):
             typer.echo(json.dumps({k: _show(v) for k, v in ds[i].items()}, default=str))
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command()
@@ -159,7 +153,7 @@ def repair(url: str, split: str = typer.Option(None), overwrite: bool = typer.Op
     try:
         report = repair_index(url, split, overwrite=overwrite, skip_bad=skip_bad, dry_run=dry_run)
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     for name, why in report.skipped:
         err.print(f"[yellow]skipped[/yellow] {name}: {why}")
     verb = "rebuilt" if report.written else "would write"

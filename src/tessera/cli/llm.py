@@ -10,10 +10,10 @@ import sys
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tessera.cli.console import err, fail, out
 from tessera.shards import ShardError
 from tessera.shards.sources import SourceError
 from tessera.storage import StorageError
@@ -22,14 +22,7 @@ app = typer.Typer(help="Language models: tokenizers, data prep, generation, eval
                   no_args_is_help=True)
 tokenizer_app = typer.Typer(help="Train byte-level BPE tokenizers.", no_args_is_help=True)
 app.add_typer(tokenizer_app, name="tokenizer")
-out = Console()
-err = Console(stderr=True)
 ERRORS = (ShardError, StorageError, SourceError, ValueError, FileNotFoundError)
-
-
-def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
 
 
 @tokenizer_app.command("train")
@@ -56,7 +49,7 @@ def tokenizer_train(inputs: list[str] = typer.Argument(..., metavar="INPUT...", 
                             max_bytes=parse_size(max_bytes) if max_bytes else None)
         tok.save(out_path)
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"wrote {out_path}: {tok.vocab_size:,} tokens, EOS id {tok.eos_id} "
               f"({time.perf_counter() - t0:.1f}s)")
 
@@ -94,7 +87,7 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
                                size_limit=size_limit, mode="overwrite" if overwrite else "create",
                                progress=progress)
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps({**summary.__dict__, "tokens_per_second": summary.tokens_per_second}))
         return
@@ -160,7 +153,7 @@ def generate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
                      top_p=top_p, eos_id=tok.eos_id, use_cache=not no_cache, seed=seed, on_token=stream)
         seconds = time.perf_counter() - t0
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps({"prompt": prompt, "completion": tok.decode(new), "tokens": new,
                                "seconds": seconds}))
@@ -185,7 +178,7 @@ def evaluate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
     from tessera.llm.eval import ModelScorer, evaluate_multiple_choice, load_mc_task, mds_batches, perplexity
 
     if not data and not task:
-        _fail(ValueError("nothing to evaluate: pass --data and/or --task"))
+        fail(ValueError("nothing to evaluate: pass --data and/or --task"))
     results: dict[str, Any] = {}
     try:
         model, tok = _load(path, tokenizer) if task else (_load_model_only(path), None)
@@ -196,7 +189,7 @@ def evaluate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
             res = evaluate_multiple_choice(load_mc_task(name), ModelScorer(model, tok, reduction), num_fewshot)
             results[f"mc/{name}"] = {"accuracy": res.accuracy, "items": res.items}
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(results))
         return
@@ -230,7 +223,7 @@ def export(path: str = typer.Argument(..., metavar="CHECKPOINT"),
             tok = load_tokenizer(tokenizer)
         url = save_pretrained(model, out_url, tokenizer=tok)
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"exported {model.num_params():,} parameters to {url}" + ("" if tok else " (no tokenizer)"))
 
 
@@ -253,7 +246,7 @@ def info(configs: list[str] = typer.Argument(None, help="Named configs (default:
             rows.append({"name": name, "params": model.num_params(), "seq_len": length,
                          "flops_per_token": model.flops_per_token(length), **cfg.to_dict()})
     except ERRORS as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(rows))
         return

@@ -7,20 +7,13 @@ import json
 import time
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
 from tessera.platform.spec import format_duration
 
 app = typer.Typer(help="Submit runs and watch, stop, restart or move them.", no_args_is_help=True)
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
-
-
-def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/red] {exc}", markup=True)
-    raise typer.Exit(1)
 
 
 def _when(t: float | None) -> str:
@@ -46,7 +39,7 @@ def submit(file: str = typer.Option(..., "-f", "--file", help="Run spec YAML."),
     try:
         run = platform.create_run(file, cluster=cluster)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(platform.describe_run(run.name)))
     else:
@@ -67,7 +60,7 @@ def list_(status: str = typer.Option(None, help="Only runs in this status (e.g. 
     try:
         runs = platform.list_runs(status, cluster)
     except (PlatformError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         for run in runs:
             typer.echo(json.dumps({"name": run.name, "id": run.id, "status": run.status, "cluster": run.cluster,
@@ -86,7 +79,7 @@ def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Prin
     try:
         info = platform.describe_run(name)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     if as_json:
         typer.echo(json.dumps(info, indent=1))
         return
@@ -130,7 +123,7 @@ def logs(name: str, follow: bool = typer.Option(False, "-f", "--follow", help="K
     try:
         _follow(platform, name, rank, resumption, follow)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
 
 
 @app.command("stop")
@@ -142,7 +135,7 @@ def stop(name: str, wait: bool = typer.Option(False, "--wait", help="Wait until 
         if wait:
             run = platform.wait_for_run_status(name, ("STOPPED", "COMPLETED", "FAILED"))
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"run {run.name}: {run.status}" + ("" if run.done else " (stop requested)"))
 
 
@@ -152,7 +145,7 @@ def restart(name: str, cluster: str = typer.Option(None, "--cluster", help="Rest
     try:
         run = Platform().restart_run(name, cluster)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"run {run.name}: restart requested ({run.status})")
 
 
@@ -164,7 +157,7 @@ def move(name: str, cluster: str = typer.Option(..., "--cluster", help="Target c
     try:
         run = platform.move_run(name, cluster)
     except PlatformError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"run {run.name}: moving from {run.cluster} to {cluster}")
     if follow:
         _follow(platform, name)

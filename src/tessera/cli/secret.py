@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from tessera.cli.console import err, fail, out
 from tessera.platform import SecretError
 from tessera.platform.secrets import SecretStore, secret_json
 
@@ -15,13 +15,6 @@ app = typer.Typer(help="Store credentials for runs (mode 0600 under TESSERA_HOME
                   no_args_is_help=True)
 create = typer.Typer(help="Create a secret: s3 credentials, env variables, or a file.", no_args_is_help=True)
 app.add_typer(create, name="create")
-out = Console()
-err = Console(stderr=True)
-
-
-def _fail(exc: Exception) -> None:
-    err.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
 
 
 @create.command("s3")
@@ -36,7 +29,7 @@ def create_s3(name: str,
     try:
         SecretStore().create_s3(name, access_key_id, secret_access_key, endpoint, region, overwrite=overwrite)
     except SecretError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"created secret {name} (s3)")
 
 
@@ -48,12 +41,12 @@ def create_env(name: str, pairs: list[str] = typer.Argument(..., metavar="KEY=VA
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            _fail(SecretError(f"expected KEY=VALUE, got an argument without '=' (argument {len(values) + 1})"))
+            fail(SecretError(f"expected KEY=VALUE, got an argument without '=' (argument {len(values) + 1})"))
         values[key] = value
     try:
         SecretStore().create_env(name, values, overwrite=overwrite)
     except SecretError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"created secret {name} (env: {', '.join(sorted(values))})")
 
 
@@ -67,7 +60,7 @@ def create_file(name: str, path: str,
     try:
         info = SecretStore().create_file(name, path, env_var, mount_path, overwrite=overwrite)
     except SecretError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"created secret {name} (file: {', '.join(info.exposes)})")
 
 
@@ -92,7 +85,7 @@ def remove(name: str) -> None:
     try:
         SecretStore().remove(name)
     except SecretError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"removed secret {name}")
 
 

@@ -7,18 +7,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
+from tessera.cli.console import err, fail
 from tessera.storage import StorageError, Store, copy_between, open_store, parse_url, split_url
 
 app = typer.Typer(help="List, copy and remove objects in local folders and buckets.", no_args_is_help=True)
-err = Console(stderr=True)
-
-
-def _fail(exc: StorageError) -> None:
-    err.print(f"[red]error:[/red] {exc}")
-    raise typer.Exit(1)
 
 
 def _human(n: float) -> str:
@@ -41,7 +35,7 @@ def ls(url: str, as_json: bool = typer.Option(False, "--json", help="One JSON ob
             else:
                 typer.echo(f"{info.size:>14,}  {info.key}")
     except StorageError as exc:
-        _fail(exc)
+        fail(exc)
     if not as_json:
         err.print(f"{count} objects, {_human(total)}")
 
@@ -75,7 +69,7 @@ def cp(src: str, dst: str, recursive: bool = typer.Option(False, "-r", "--recurs
             for src_store, src_key, dst_store, dst_key, _ in pairs:
                 copy_between(src_store, src_key, dst_store, dst_key, progress=lambda n: bar.advance(task, n))
     except StorageError as exc:
-        _fail(exc)
+        fail(exc)
     err.print(f"copied {len(pairs)} object(s), {_human(total)}")
 
 
@@ -97,4 +91,4 @@ def rm(url: str, recursive: bool = typer.Option(False, "-r", "--recursive",
             raise typer.Exit(1)
         store.delete(key)
     except StorageError as exc:
-        _fail(exc)
+        fail(exc)
