@@ -15,20 +15,28 @@ from pathlib import Path
 import pytest
 
 from tessera.platform import Platform
+from tessera.platform.clusters.local import _processes_running
 from tessera.platform.supervisor import stop_supervisor
 
 sys.path.insert(0, str(Path(__file__).parent))
 from platform_helpers import SlurmCluster  # noqa: E402
+from trainer_helpers import STEPS, TIMEOUT, final_weights, losses, train_command, write_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 def _kill_leftovers(platform: Platform) -> None:
     """SIGKILL the process group of every local resumption still alive (a failed test must not leak)."""
     for run in platform.db.list_runs():
         for res in platform.db.resumptions(run.id):
-            pid = (res.handle or {}).get("pid")
-            if pid and res.cluster == "local":
+            if res.cluster != "local":
+                continue
+            known = (res.handle or {}).get("pid")
+            # a resumption whose submission was interrupted has no handle: find its launcher by folder
+            pids = [int(known)] if known else _processes_running(str(Path(res.folder) / "launch.py"))
+            for pid in pids:
                 try:
-                    os.killpg(int(pid), signal.SIGKILL)
+                    os.killpg(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
 
@@ -98,3 +106,31 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
     cluster = SlurmCluster(folder, folder / "etc" / "slurm.conf", [f"n{i}" for i in range(1, nodes + 1)])
     yield cluster
     subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh"), str(folder)], capture_output=True)
+
+
+# --- the real trainer -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Byte-tokenized 32-token windows (train + val), prepared once."""
+    pytest.importorskip("torch")
+    from tessera.llm.prep import prep
+
+    root = tmp_path_factory.mktemp("tinydata")
+    write_corpus(root / "corpus")
+    prep(root / "corpus", root / "data", "byte", seq_len=32, val_fraction=0.2)
+    return root / "data"
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_data: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    """Losses and final weights of the uninterrupted run, outside the platform: one run shared by every
+    test that checks a resumed run ends bitwise the same (test_real_trainer.py, test_faults.py)."""
+    folder = tmp_path_factory.mktemp("reference")
+    done = subprocess.run(["bash", "-c", train_command(tiny_data, folder)], capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    loss = losses(folder)
+    assert sorted(loss) == list(range(1, STEPS + 1)) and loss[STEPS] < loss[1] - 0.5
+    return loss, final_weights(folder)

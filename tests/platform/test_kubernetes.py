@@ -149,3 +149,14 @@ def test_api_errors_are_cluster_errors(stub: KubeStub, tmp_path: Path) -> None:
     backend.submit(request(tmp_path))
     with pytest.raises(ClusterError, match="409"):
         backend.submit(request(tmp_path))
+
+
+def test_find_adopts_a_created_job_by_its_name(stub: KubeStub, tmp_path: Path) -> None:
+    """What a supervisor restarted between submit and recording the handle relies on (docs/platform.md)."""
+    backend = KubernetesBackend("kube", {"host": stub.url, "namespace": "ml"})
+    req = request(tmp_path)
+    assert backend.find(req) is None
+    handle = backend.submit(req)
+    found = backend.find(req)
+    assert found is not None and (found["job_id"], found["kind"]) == (handle["job_id"], "Job")
+    assert found["objects"] == handle["objects"]

@@ -29,6 +29,9 @@ COMPLETED, FAILED, STOPPED = "COMPLETED", "FAILED", "STOPPED"
 ACTIVE = (PENDING, QUEUED, STARTING, RUNNING, STOPPING)
 TERMINAL = (COMPLETED, FAILED, STOPPED)
 ALL_STATUSES = ACTIVE + TERMINAL
+# A resumption's status while the supervisor submits it: the row is written before the job exists, so a
+# supervisor that dies between submitting and recording the job id finds the job again (supervisor.py).
+SUBMITTING = "SUBMITTING"
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS clusters (
@@ -254,6 +257,21 @@ class StateDB:
         with self.write() as c:
             c.execute(f"UPDATE resumptions SET {sets} WHERE run_id = ? AND idx = ?",
                       (*(_encode(v, k) for k, v in fields.items()), run_id, idx))
+
+    def record_submission(self, run_id: str, idx: int, handle: dict[str, Any]) -> None:
+        """The job of a SUBMITTING resumption exists: store its handle and queue the run, in one
+        transaction (a crash between the two would leave a PENDING run whose job nobody watches)."""
+        with self.write() as c:
+            c.execute("UPDATE resumptions SET status = ?, job_id = ?, handle = ?, nodes = ? WHERE run_id = ? "
+                      "AND idx = ?", (QUEUED, str(handle.get("job_id")), json.dumps(handle),
+                                      json.dumps(list(handle.get("nodes") or [])), run_id, idx))
+            c.execute("UPDATE runs SET status = ?, next_cause = NULL, not_before = NULL, updated = ? WHERE id = ?",
+                      (QUEUED, time.time(), run_id))
+
+    def delete_resumption(self, run_id: str, idx: int) -> None:
+        """Forget a SUBMITTING resumption whose job was never created."""
+        with self.write() as c:
+            c.execute("DELETE FROM resumptions WHERE run_id = ? AND idx = ?", (run_id, idx))
 
     def resumptions(self, run_id: str) -> list[ResumptionRecord]:
         rows = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx", (run_id,))

@@ -8,7 +8,10 @@ to watch.
 
 One pass over an active run:
 - PENDING: start a resumption (a gang job on the run's cluster), with RUN_NAME, TESSERA_RUN_ID,
-  TESSERA_RESUMPTION, TESSERA_HEARTBEAT and TESSERA_PARAMETERS injected -> QUEUED.
+  TESSERA_RESUMPTION, TESSERA_HEARTBEAT and TESSERA_PARAMETERS injected -> QUEUED. The resumption row is
+  written (SUBMITTING) before the job is submitted, so a supervisor killed in between finds the job by
+  its name or folder on restart and adopts it (`_reconcile`); a run whose gang no longer fits outside
+  the excluded nodes fails with that cause instead of waiting forever (placement.py).
 - QUEUED -> STARTING when the processes are up -> RUNNING at the first heartbeat or log output.
 - Requests from the CLI/SDK (stop, move, restart) and its own decisions (hang, max_duration) end the
   resumption gracefully: SIGTERM, `stop_grace`, then SIGKILL (STOPPING).
@@ -36,6 +39,7 @@ from tessera.platform.clusters import LOCAL, ClusterBackend, JobState, LaunchReq
 from tessera.platform.errors import ClusterError, PlatformError
 from tessera.platform.failures import Action, Evidence, Failure, FailureKind, classify
 from tessera.platform.home import tessera_home
+from tessera.platform.placement import too_few_nodes
 from tessera.platform.progress import describe_event, events_path, read_events, read_heartbeat
 from tessera.platform.secrets import Redactor, SecretStore
 from tessera.platform.spec import RunSpec, format_duration
@@ -49,6 +53,7 @@ from tessera.platform.state import (
     STARTING,
     STOPPED,
     STOPPING,
+    SUBMITTING,
     ResumptionRecord,
     RunRecord,
     StateDB,
@@ -65,6 +70,7 @@ class SupervisorSettings:
     idle_exit: float = 300.0     # exit after this long with no active run
     retry_backoff: float = 2.0   # first retry delay in seconds; doubles per retry, capped at 300 s
     early_window: float = 300.0  # a run without heartbeats "made progress" once it ran this long
+    fault: str = ""              # tests only: die at this point of a submission (`_fault_point`)
 
     @classmethod
     def from_env(cls) -> SupervisorSettings:
@@ -72,7 +78,8 @@ class SupervisorSettings:
             return float(os.environ.get(name, default))
         return cls(poll=get("TESSERA_SUPERVISOR_POLL", 1.0), idle_exit=get("TESSERA_SUPERVISOR_IDLE", 300.0),
                    retry_backoff=get("TESSERA_RETRY_BACKOFF", 2.0),
-                   early_window=get("TESSERA_EARLY_WINDOW", 300.0))
+                   early_window=get("TESSERA_EARLY_WINDOW", 300.0),
+                   fault=os.environ.get("TESSERA_SUPERVISOR_FAULT", ""))
 
 
 def cluster_backend(db: StateDB, name: str) -> ClusterBackend:
@@ -301,6 +308,10 @@ class Supervisor:
 
     def _pending(self, run: RunRecord, res: ResumptionRecord | None) -> None:
         now = time.time()
+        if res is not None and res.status == SUBMITTING:
+            if self._reconcile(run, res):
+                return
+            res = self.db.current_resumption(run.id)
         if run.request == "stop":
             self._finish(run, STOPPED, "stopped before it started")
             return
@@ -319,31 +330,72 @@ class Supervisor:
         try:
             backend = self.backend(run.cluster)
             backend.check(spec)
-            injection = self.secrets.injection(spec.secrets)
+            request = self._launch_request(run, spec, idx, folder, now)
         except PlatformError as exc:
             self._finish(run, FAILED, f"cannot start on {run.cluster}: {exc}", kind="config")
             return
-        env = self._run_env(run, spec, idx, folder)
-        time_limit = None
-        if spec.scheduling.max_duration:
-            time_limit = max(60.0, spec.scheduling.max_duration - self._run_time(run, now))
-        request = LaunchRequest(run.id, run.name, idx, folder, spec, env, dict(injection.env), injection.files,
-                                exclude=self.db.excluded_nodes(run.cluster), time_limit=time_limit,
-                                workdir=run.workdir)
+        problem = too_few_nodes(backend, spec.compute.nodes, self.db.node_faults(run.cluster))
+        if problem:
+            self._finish(run, FAILED, f"cannot start on {run.cluster}: {problem}", kind="insufficient_nodes")
+            return
         folder.mkdir(parents=True, exist_ok=True)
+        # The intent first: if this process dies after sbatch succeeded but before the job id is stored,
+        # the next supervisor finds the job by this row (`_reconcile`) instead of orphaning it.
+        self.db.add_resumption(ResumptionRecord(run.id, idx, run.cluster, cause, SUBMITTING, str(folder), now))
+        self._fault_point("after_intent")
         try:
             handle = backend.submit(request)
         except ClusterError as exc:
-            self._submit_failed(run, spec, exc)
-            return
-        self.db.add_resumption(ResumptionRecord(
-            run.id, idx, run.cluster, cause, QUEUED, str(folder), now, job_id=str(handle.get("job_id")),
-            handle=handle, nodes=list(handle.get("nodes") or [])))
-        self.db.update_run(run.id, status=QUEUED, next_cause=None, not_before=None)
+            try:
+                found = backend.find(request)   # e.g. sbatch timed out after slurmctld had taken the job
+            except ClusterError:
+                return                          # the intent stays; the next pass asks the cluster again
+            if found is None:
+                self.db.delete_resumption(run.id, idx)
+                self._submit_failed(run, spec, exc)
+                return
+            handle = found
+        self._fault_point("after_submit")
+        self.db.record_submission(run.id, idx, handle)
         excluded = f", excluding {', '.join(request.exclude)}" if request.exclude else ""
         self.db.add_event(run.id, "submitted", f"resumption {idx} submitted to {run.cluster} as job "
                           f"{handle.get('job_id')} ({cause}{excluded})")
         self.log(f"run {run.name}: resumption {idx} -> {run.cluster} job {handle.get('job_id')}")
+
+    def _launch_request(self, run: RunRecord, spec: RunSpec, idx: int, folder: Path, now: float) -> LaunchRequest:
+        injection = self.secrets.injection(spec.secrets)
+        env = self._run_env(run, spec, idx, folder)
+        time_limit = None
+        if spec.scheduling.max_duration:
+            time_limit = max(60.0, spec.scheduling.max_duration - self._run_time(run, now))
+        return LaunchRequest(run.id, run.name, idx, folder, spec, env, dict(injection.env), injection.files,
+                             exclude=self.db.excluded_nodes(run.cluster), time_limit=time_limit,
+                             workdir=run.workdir)
+
+    def _reconcile(self, run: RunRecord, res: ResumptionRecord) -> bool:
+        """A SUBMITTING resumption: a supervisor died while submitting it. Adopt its job if the cluster
+        has one (True), else forget the intent so it is submitted again (False). A cluster that cannot
+        tell raises, and the next pass asks again: submitting twice would run two trainers at once."""
+        spec = RunSpec.model_validate(run.spec)
+        backend = self.backend(res.cluster)
+        request = self._launch_request(run, spec, res.idx, Path(res.folder), time.time())
+        handle = backend.find(request)
+        if handle is None:
+            self.db.delete_resumption(run.id, res.idx)
+            self.db.add_event(run.id, "reconciled", f"resumption {res.idx} was being submitted to {res.cluster} "
+                              "when the supervisor stopped, and no job was created: submitting it again")
+            return False
+        self.db.record_submission(run.id, res.idx, handle)
+        self.db.add_event(run.id, "reconciled", f"resumption {res.idx} was being submitted to {res.cluster} "
+                          f"when the supervisor stopped: found it as job {handle.get('job_id')} and adopted it")
+        self.log(f"run {run.name}: adopted job {handle.get('job_id')} of resumption {res.idx}")
+        return True
+
+    def _fault_point(self, name: str) -> None:
+        """Test-only fault injection (TESSERA_SUPERVISOR_FAULT=NAME): die here as a crash would."""
+        if self.settings.fault == name:
+            self.log(f"TESSERA_SUPERVISOR_FAULT={name}: exiting at once (fault injection)")
+            os._exit(70)
 
     def _run_env(self, run: RunRecord, spec: RunSpec, idx: int, folder: Path) -> dict[str, str]:
         bin_dir = str(Path(sys.executable).parent)
@@ -518,6 +570,8 @@ def ensure_supervisor(home: str | Path | None = None, env: dict[str, str] | None
 def stop_supervisor(home: str | Path | None = None, timeout: float = 10.0) -> bool:
     """SIGTERM the supervisor of `home` (runs keep going) and wait for it; True if one was stopped."""
     home = tessera_home(home)
+    if not supervisor_running(home):
+        return False   # a pid file left by a supervisor that was killed may name another process now
     try:
         pid = int((home / "supervisor.pid").read_text())
     except (OSError, ValueError):

@@ -102,6 +102,14 @@ class ClusterBackend(ABC):
         """Start (or queue) all nodes of one resumption; returns the handle (with "job_id")."""
 
     @abstractmethod
+    def find(self, request: LaunchRequest) -> dict[str, Any] | None:
+        """The handle of the job `request` was submitted as, or None when no such job was created.
+
+        A supervisor that died between `submit` and recording the handle calls this after its restart,
+        so the job is adopted instead of orphaned (and never started twice). Raise ClusterError when
+        the cluster cannot tell: None means "submit it again"."""
+
+    @abstractmethod
     def status(self, handle: dict[str, Any]) -> JobStatus: ...
 
     @abstractmethod

@@ -210,6 +210,15 @@ class KubernetesBackend(ClusterBackend):
         return {"job_id": name, "kind": kind, "namespace": self.namespace, "folder": str(request.folder),
                 "objects": created, "nodes": [], "grace": int(request.spec.scheduling.stop_grace)}
 
+    def find(self, request: LaunchRequest) -> dict[str, Any] | None:
+        """The Job or JobSet of `request`, by its name (one per resumption), if it was created."""
+        objects = build_manifests(request, self.config)
+        kind, name = objects[-1]["kind"], objects[-1]["metadata"]["name"]
+        handle = {"job_id": name, "kind": kind, "namespace": self.namespace, "folder": str(request.folder),
+                  "objects": [(o["kind"], o["metadata"]["name"]) for o in objects], "nodes": [],
+                  "grace": int(request.spec.scheduling.stop_grace)}
+        return handle if self._job_conditions(handle) is not None else None
+
     def _pods(self, handle: dict[str, Any]) -> list[Any]:
         from kubernetes import client
         core = client.CoreV1Api(self.api_client())

@@ -62,28 +62,32 @@ def _reap_group(pgid, me, wait_seconds, code):
     code of the last descendant reaped (the worker that outlived its shell), else `code`."""
     deadline = time.monotonic() + wait_seconds
     while _group_members(pgid, me) and time.monotonic() < deadline:
-        code = _reap_some(code)
+        code, _ = _reap_some(code)
         time.sleep(0.05)
     for pid in _group_members(pgid, me):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    # A killed multi-threaded worker shows as a zombie before its last thread has exited, and cannot be
+    # reaped until then: wait for the children themselves, not for the group to look empty.
     deadline = time.monotonic() + 5
-    while _group_members(pgid, me) and time.monotonic() < deadline:
-        code = _reap_some(code)
+    while True:
+        code, children_left = _reap_some(code)
+        if not children_left or time.monotonic() > deadline:
+            return code
         time.sleep(0.02)
-    return _reap_some(code)
 
 
 def _reap_some(code):
+    """Reap every child that has ended; returns (exit code of the last one, whether any child is left)."""
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return code
+            return code, False
         if pid == 0:
-            return code
+            return code, True
         code = _decode(status)
 
 

@@ -23,6 +23,7 @@ from tessera.platform.clusters.base import (
     NodeInfo,
     hostname,
     read_node_exits,
+    read_node_starts,
     write_launch_files,
 )
 from tessera.platform.errors import ClusterError
@@ -88,6 +89,22 @@ class LocalBackend(ClusterBackend):
         return {"job_id": str(proc.pid), "pid": proc.pid, "ticks": _start_ticks(proc.pid),
                 "folder": str(request.folder), "nodes": [hostname()], "submitted": time.time()}
 
+    def find(self, request: LaunchRequest) -> dict[str, Any] | None:
+        """The launcher of `request.folder`: a live process running `python <folder>/launch.py`, or the
+        node-0.start file a launcher that has already ended left behind."""
+        launcher = str(request.folder / "launch.py")
+        handle = {"job_id": "", "folder": str(request.folder), "nodes": [hostname()], "submitted": time.time()}
+        running = _processes_running(launcher)
+        if running:
+            pid = running[0]
+            return {**handle, "job_id": str(pid), "pid": pid, "ticks": _start_ticks(pid)}
+        start = read_node_starts(request.folder).get(0)
+        if start is None:
+            return None
+        pid = int(start["launcher_pid"])
+        # ticks 0 matches no live process: that launcher has ended (its exit file, if any, tells how)
+        return {**handle, "job_id": str(pid), "pid": pid, "ticks": 0, "submitted": float(start["time"])}
+
     def status(self, handle: dict[str, Any]) -> JobStatus:
         for pid, proc in list(_children.items()):
             if proc.poll() is not None:
@@ -124,6 +141,22 @@ class LocalBackend(ClusterBackend):
 
     def nodes(self) -> list[NodeInfo]:
         return [NodeInfo(hostname(), "up", True, cpus=os.cpu_count())]
+
+
+def _processes_running(script: str) -> list[int]:
+    """Pids of live processes whose command line is `<python> <script>` (a launcher of one folder)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if len(args) >= 2 and args[1].decode(errors="replace") == script and _alive(int(entry), None):
+            out.append(int(entry))
+    return out
 
 
 def _nice(priority: str):
