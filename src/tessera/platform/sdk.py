@@ -16,15 +16,16 @@ import json
 import shutil
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from tessera.platform import logs
 from tessera.platform.clusters import CLUSTER_TYPES, LOCAL, ClusterBackend, NodeInfo, make_backend
 from tessera.platform.errors import ClusterError, RunFailed, RunNotFound, RunStateError, SpecError
 from tessera.platform.home import tessera_home
+from tessera.platform.run_info import Event, Resumption, Run
 from tessera.platform.secrets import SecretStore
 from tessera.platform.spec import RunSpec, load_spec, parse_spec, validate_name, validate_spec
 from tessera.platform.state import (
@@ -32,83 +33,14 @@ from tessera.platform.state import (
     ALL_STATUSES,
     PENDING,
     TERMINAL,
-    EventRecord,
-    ResumptionRecord,
     RunRecord,
     StateDB,
     new_run_id,
 )
-from tessera.platform.supervisor import cluster_backend, ensure_supervisor
+from tessera.platform.supervisor import ensure_supervisor
+from tessera.platform.supervisor_context import cluster_backend
 
 _ORDER = {status: i for i, status in enumerate(("PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"))}
-
-
-@dataclass
-class Resumption:
-    """One start of a run: where, on which nodes, when, why it started and how it ended."""
-    index: int
-    cluster: str
-    cause: str
-    status: str
-    job_id: str | None
-    nodes: list[str]
-    submitted: float
-    start: float | None
-    end: float | None
-    exit_code: int | None
-    outcome: str | None
-    detail: str | None
-    folder: str
-    last_heartbeat: dict[str, Any] | None
-
-    @classmethod
-    def from_record(cls, r: ResumptionRecord) -> Resumption:
-        return cls(r.idx, r.cluster, r.cause, r.status, r.job_id, r.nodes, r.submitted, r.start, r.end,
-                   r.exit_code, r.outcome, r.detail, r.folder, r.last_beat)
-
-
-@dataclass
-class Event:
-    time: float
-    kind: str
-    message: str
-
-    @classmethod
-    def from_record(cls, e: EventRecord) -> Event:
-        return cls(e.time, e.kind, e.message)
-
-
-@dataclass
-class Run:
-    id: str
-    name: str
-    status: str
-    cluster: str
-    spec: RunSpec
-    created: float
-    updated: float
-    ended: float | None
-    folder: str
-    first_error: str | None = None
-    failure_kind: str | None = None
-    retries_used: int = 0
-    request: str | None = None
-    resumptions: list[Resumption] = field(default_factory=list)
-    events: list[Event] = field(default_factory=list)
-
-    @property
-    def done(self) -> bool:
-        return self.status in TERMINAL
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready description (the spec names secrets; values are never here)."""
-        return {"id": self.id, "name": self.name, "status": self.status, "cluster": self.cluster,
-                "created": self.created, "updated": self.updated, "ended": self.ended, "folder": self.folder,
-                "first_error": self.first_error, "failure_kind": self.failure_kind,
-                "retries_used": self.retries_used, "request": self.request,
-                "spec": self.spec.model_dump(mode="json"),
-                "resumptions": [r.__dict__ for r in self.resumptions],
-                "events": [e.__dict__ for e in self.events]}
 
 
 class Platform:
@@ -297,82 +229,23 @@ class Platform:
     # --- logs -------------------------------------------------------------------------------------
 
     def log_files(self, name: str, rank: int | None = None, resumption: int | None = None
-                  ) -> tuple[Run, Resumption | None, list[tuple[int, Path, str | None]]]:
+                  ) -> tuple[Run, Resumption | None, list[logs.LogFile]]:
         """(run, resumption, [(node rank, log file, torchrun prefix to keep or None)])."""
         run = self.get_run(name)
-        if not run.resumptions:
-            return run, None, []
-        if resumption is None:
-            res = run.resumptions[-1]
-        else:
-            matches = [r for r in run.resumptions if r.index == resumption]
-            if not matches:
-                raise RunNotFound(f"run {name} has no resumption {resumption} (it has "
-                                  f"0..{run.resumptions[-1].index})")
-            res = matches[0]
-        per_node = run.spec.compute.ranks_per_node
-        nodes = range(run.spec.compute.nodes)
-        folder = Path(res.folder)
-        if rank is None:
-            return run, res, [(n, folder / f"node-{n}.log", None) for n in nodes]
-        world = run.spec.compute.nodes * per_node
-        if not 0 <= rank < world:
-            raise RunNotFound(f"run {name} has ranks 0..{world - 1}; there is no rank {rank}")
-        prefix = f"[default{rank % per_node}]:" if per_node > 1 else None
-        return run, res, [(rank // per_node, folder / f"node-{rank // per_node}.log", prefix)]
+        res, files = logs.log_files(run, rank, resumption)
+        return run, res, files
 
     def follow_logs(self, name: str, rank: int | None = None, resumption: int | None = None,
                     follow: bool = True, poll: float = 0.25) -> Iterator[str]:
         """Lines of the run's logs (secret values replaced by ****). With several nodes and no rank, each
         line starts with "[node R] ". Following continues into later resumptions until the run ends."""
-        redact = self.secrets.redactor()
-        offsets: dict[Path, int] = {}
-        pending: dict[Path, bytes] = {}
-        current = resumption
-        while True:
-            run, res, files = self.log_files(name, rank, current)
-            if res is None:
-                if not follow or run.done:
-                    return
-                time.sleep(poll)
-                continue
-            current = res.index
-            ended = res.end is not None       # read before the files, so their ends are final
-            label = len(files) > 1
-            for node, path, prefix in files:
-                for line in _new_lines(path, offsets, pending, final=ended or not follow):
-                    if not prefix or line.startswith(prefix):
-                        yield redact(f"[node {node}] {line}" if label else line)
-            if not follow or (ended and resumption is not None):
-                return
-            if ended and run.resumptions[-1].index > res.index:
-                current = res.index + 1
-                continue
-            if ended and run.done:
-                return
-            time.sleep(poll)
+        yield from logs.follow(lambda: self.get_run(name), self.secrets.redactor(), rank, resumption, follow,
+                               poll)
 
     def describe_run(self, name: str) -> dict[str, Any]:
         """Everything `run describe` shows; passes through the redactor as a last guard."""
         redact = self.secrets.redactor()
         return json.loads(redact(json.dumps(self.get_run(name).to_dict())))
-
-
-def _new_lines(path: Path, offsets: dict[Path, int], pending: dict[Path, bytes], final: bool) -> list[str]:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offsets.get(path, 0))
-            data = f.read()
-    except OSError:
-        return []
-    offsets[path] = offsets.get(path, 0) + len(data)
-    data = pending.pop(path, b"") + data
-    lines = data.split(b"\n")
-    if lines and lines[-1] and not final:
-        pending[path] = lines[-1]
-    tail = lines[-1] if final else b""
-    lines = lines[:-1] + ([tail] if tail else [])
-    return [line.decode("utf-8", errors="replace") for line in lines]
 
 
 def _statuses(status: str | Iterable[str] | None) -> tuple[str, ...] | None:

@@ -30,7 +30,7 @@ ACTIVE = (PENDING, QUEUED, STARTING, RUNNING, STOPPING)
 TERMINAL = (COMPLETED, FAILED, STOPPED)
 ALL_STATUSES = ACTIVE + TERMINAL
 # A resumption's status while the supervisor submits it: the row is written before the job exists, so a
-# supervisor that dies between submitting and recording the job id finds the job again (supervisor.py).
+# supervisor that dies between submitting and recording the job id finds the job again (submission.py).
 SUBMITTING = "SUBMITTING"
 
 _SCHEMA = """

@@ -1,0 +1,79 @@
+"""What the SDK returns about a run (`Platform.get_run`, `run describe`): `Run`, its `Resumption`s and
+`Event`s. Plain dataclasses, made from the database rows of state.py, with the names users read
+(`index`, `last_heartbeat`) rather than the columns' (`idx`, `last_beat`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessera.platform.spec import RunSpec
+from tessera.platform.state import TERMINAL, EventRecord, ResumptionRecord
+
+
+@dataclass
+class Resumption:
+    """One start of a run: where, on which nodes, when, why it started and how it ended."""
+    index: int
+    cluster: str
+    cause: str
+    status: str
+    job_id: str | None
+    nodes: list[str]
+    submitted: float
+    start: float | None
+    end: float | None
+    exit_code: int | None
+    outcome: str | None
+    detail: str | None
+    folder: str
+    last_heartbeat: dict[str, Any] | None
+
+    @classmethod
+    def from_record(cls, r: ResumptionRecord) -> Resumption:
+        return cls(r.idx, r.cluster, r.cause, r.status, r.job_id, r.nodes, r.submitted, r.start, r.end,
+                   r.exit_code, r.outcome, r.detail, r.folder, r.last_beat)
+
+
+@dataclass
+class Event:
+    time: float
+    kind: str
+    message: str
+
+    @classmethod
+    def from_record(cls, e: EventRecord) -> Event:
+        return cls(e.time, e.kind, e.message)
+
+
+@dataclass
+class Run:
+    id: str
+    name: str
+    status: str
+    cluster: str
+    spec: RunSpec
+    created: float
+    updated: float
+    ended: float | None
+    folder: str
+    first_error: str | None = None
+    failure_kind: str | None = None
+    retries_used: int = 0
+    request: str | None = None
+    resumptions: list[Resumption] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.status in TERMINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready description (the spec names secrets; values are never here)."""
+        return {"id": self.id, "name": self.name, "status": self.status, "cluster": self.cluster,
+                "created": self.created, "updated": self.updated, "ended": self.ended, "folder": self.folder,
+                "first_error": self.first_error, "failure_kind": self.failure_kind,
+                "retries_used": self.retries_used, "request": self.request,
+                "spec": self.spec.model_dump(mode="json"),
+                "resumptions": [r.__dict__ for r in self.resumptions],
+                "events": [e.__dict__ for e in self.events]}

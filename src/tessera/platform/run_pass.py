@@ -1,0 +1,176 @@
+"""One supervisor pass over one active run: ask its cluster how the current resumption is doing and write
+back what changed.
+
+- No live resumption (PENDING, or the last one has ended): start one (submission.py).
+- The job is queued or running: fold new heartbeats and events in; QUEUED -> STARTING when the processes
+  are up -> RUNNING at the first heartbeat or log output; end the resumption gracefully (SIGTERM,
+  `stop_grace`, then SIGKILL: STOPPING) on a request from the CLI/SDK (stop, move, restart) or on the
+  supervisor's own decision (hang, max_duration).
+- The job has ended: COMPLETED, stopped, moved or restarted as requested, or a failure (retries.py).
+
+Each pass decides from the database and the cluster alone, so it can be repeated after a crash.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from tessera.platform.clusters import ClusterBackend, JobState, JobStatus
+from tessera.platform.progress import describe_event, events_path, read_events, read_heartbeat
+from tessera.platform.retries import resumption_failed
+from tessera.platform.spec import RunSpec, format_duration
+from tessera.platform.state import (
+    COMPLETED,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    ResumptionRecord,
+    RunRecord,
+)
+from tessera.platform.submission import start_resumption
+from tessera.platform.supervisor_context import SupervisorContext
+
+REQUESTS = ("stop", "move", "restart")   # what the CLI/SDK may ask of an active run
+
+
+def step(ctx: SupervisorContext, run: RunRecord) -> None:
+    """Advance `run` by what its cluster reports now."""
+    res = ctx.db.current_resumption(run.id)
+    if run.status == PENDING or res is None or res.end is not None:
+        start_resumption(ctx, run, res)
+        return
+    spec = RunSpec.model_validate(run.spec)
+    backend = ctx.backend(res.cluster)
+    handle = dict(res.handle or {})
+    status = backend.status(handle)
+    now = time.time()
+    changes: dict[str, Any] = {}
+    if handle != (res.handle or {}):
+        changes["handle"] = handle
+    if status.nodes and status.nodes != res.nodes:
+        changes["nodes"] = status.nodes
+    folder = Path(res.folder)
+    progressed = _read_progress(ctx, run, res, folder, changes, now)
+
+    if not status.state.done:
+        _while_running(ctx, run, res, spec, backend, handle, status.state, folder, progressed, changes, now)
+        return
+    if changes:
+        ctx.db.update_resumption(run.id, res.idx, **changes)
+        res = ctx.db.current_resumption(run.id)
+        assert res is not None
+    _job_ended(ctx, run, res, spec, backend, handle, status, now)
+
+
+def _read_progress(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, folder: Path,
+                   changes: dict[str, Any], now: float) -> bool:
+    """Fold new heartbeats and events into the resumption; True if a new heartbeat arrived."""
+    heartbeat = folder / "heartbeat.json"
+    beat = read_heartbeat(heartbeat)
+    progressed = False
+    if beat is not None and beat != res.last_beat:
+        changes.update(last_beat=beat, last_progress=now)
+        if res.first_beat is None:
+            changes["first_beat"] = beat
+        progressed = True
+    events, offset = read_events(events_path(heartbeat), res.events_offset)
+    if offset != res.events_offset:
+        changes["events_offset"] = offset
+        redact = ctx.secrets.redactor() if events else None
+        for body in events:
+            kind, message = describe_event(body)
+            ctx.db.add_event(run.id, kind, redact(message) if redact else message,
+                             at=float(body["time"]) if isinstance(body.get("time"), int | float) else None)
+    return progressed
+
+
+def _while_running(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, spec: RunSpec,
+                   backend: ClusterBackend, handle: dict[str, Any], state: JobState, folder: Path,
+                   progressed: bool, changes: dict[str, Any], now: float) -> None:
+    run_changes: dict[str, Any] = {}
+    request = run.request if run.request in REQUESTS else None
+    if res.stop_sent is None:
+        reason = request
+        if reason is None and state is JobState.RUNNING:
+            reason = _decide_stop(ctx, run, res, spec, now)
+        if reason:
+            handle["cancelled"] = True
+            changes.update(stop_sent=now, stop_reason=reason, handle=handle)
+            if state is JobState.QUEUED:
+                backend.kill(handle)
+            else:
+                backend.terminate(handle)
+            run_changes["status"] = STOPPING
+            ctx.db.add_event(run.id, "stopping", f"{reason}: SIGTERM sent, SIGKILL after "
+                             f"{format_duration(spec.scheduling.stop_grace)}")
+    elif res.kill_sent is None and now - res.stop_sent > spec.scheduling.stop_grace + 2:
+        backend.kill(handle)
+        changes["kill_sent"] = now
+        ctx.db.add_event(run.id, "killed", "still running after the grace period: SIGKILL sent")
+    if state is JobState.RUNNING and res.start is None:
+        changes["start"] = now
+        if run.status == QUEUED:
+            run_changes["status"] = STARTING
+    if run.status in (QUEUED, STARTING) and "status" not in run_changes and state is JobState.RUNNING:
+        if progressed or res.last_beat or _has_output(folder):
+            run_changes["status"] = RUNNING
+            ctx.db.add_event(run.id, "running", f"resumption {res.idx} is running on "
+                             f"{', '.join(changes.get('nodes') or res.nodes) or res.cluster}")
+    if changes:
+        ctx.db.update_resumption(run.id, res.idx, **changes)
+    if run_changes:
+        ctx.db.update_run(run.id, **run_changes)
+
+
+def _decide_stop(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, spec: RunSpec,
+                 now: float) -> str | None:
+    """'hang' or 'max_duration' when the supervisor must end the resumption itself."""
+    hang_timeout = spec.scheduling.hang_timeout
+    if hang_timeout and res.start is not None:
+        reference = max(res.last_progress or 0.0, res.start)
+        if now - reference > hang_timeout:
+            ctx.db.add_event(run.id, "hang", f"no heartbeat for {format_duration(now - reference)} "
+                             f"(hang_timeout {format_duration(hang_timeout)})")
+            return "hang"
+    max_duration = spec.scheduling.max_duration
+    if max_duration and ctx.run_time(run, now) > max_duration:
+        return "max_duration"
+    return None
+
+
+def _has_output(folder: Path) -> bool:
+    return any(p.stat().st_size > 0 for p in folder.glob("node-*.log"))
+
+
+def _job_ended(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, spec: RunSpec,
+               backend: ClusterBackend, handle: dict[str, Any], status: JobStatus, now: float) -> None:
+    """Record how the resumption ended and move the run on: done, PENDING again, or a failure to handle."""
+    backend.cleanup(handle)
+    end = {"end": now, "exit_code": status.exit_code, "status": status.state.value}
+    if res.start is None:
+        end["start"] = status.start or now
+    reason = res.stop_reason
+    if reason in REQUESTS:
+        outcome = {"stop": "stopped", "move": "moved", "restart": "restarted"}[reason]
+        ctx.db.update_resumption(run.id, res.idx, outcome=outcome, **end)
+        if reason == "stop":
+            ctx.finish(run, STOPPED, None)
+        elif reason == "move":
+            target = run.request_arg or run.cluster
+            ctx.db.update_run(run.id, status=PENDING, cluster=target, request=None, request_arg=None,
+                              next_cause=f"moved from {res.cluster} to {target}")
+            ctx.db.add_event(run.id, "moved", f"stopped on {res.cluster}; resuming on {target}")
+        else:
+            ctx.db.update_run(run.id, status=PENDING, request=None, request_arg=None,
+                              next_cause="restarted on request")
+        return
+    if status.state is JobState.COMPLETED:
+        ctx.db.update_resumption(run.id, res.idx, outcome="completed", **end)
+        ctx.finish(run, COMPLETED, None)
+        return
+    resumption_failed(ctx, run, res, spec, backend, status, end, now)
