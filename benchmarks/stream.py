@@ -286,7 +286,7 @@ def run(label: str, build: Callable[[], Iterable[Any]], count: Callable[[Any], i
     t0 = time.perf_counter()
     source = build()
     t_built = time.perf_counter()
-    first, n = None, 0
+    first, n, n_first, t_first = None, 0, 0, 0.0
     mem = W.WorkerMemory() if memory else None
     if mem:
         mem.__enter__()
@@ -295,7 +295,8 @@ def run(label: str, build: Callable[[], Iterable[Any]], count: Callable[[Any], i
         for item in iterator:
             n += count(item)
             if first is None:
-                first = time.perf_counter() - t0
+                t_first = time.perf_counter()
+                first, n_first = t_first - t0, n
             if max_samples and n >= max_samples:
                 break
         t_end = time.perf_counter()
@@ -304,7 +305,9 @@ def run(label: str, build: Callable[[], Iterable[Any]], count: Callable[[Any], i
         if mem:
             mem.__exit__()
     out = {"run": label, "samples": n, "seconds": t_end - t_built, "samples_per_s": n / (t_end - t_built),
-           "build_s": t_built - t0, "first_s": first}
+           "build_s": t_built - t0, "first_s": first,
+           # after the first item: the rate once workers run, without their start-up
+           "steady_samples_per_s": (n - n_first) / (t_end - t_first) if n > n_first else None}
     if mem:
         out.update(mem.summary())
     print(f"  {label}: {n:,} samples, {out['samples_per_s']:,.0f}/s, first {first or 0:.3f}s", file=sys.stderr,
@@ -478,13 +481,28 @@ def section_batch(env: Env, data: dict[str, Any], args: argparse.Namespace, resu
                            batch_len, cap),
                      "run": f"tessera batch path: StreamingDataLoader(batch_path=True), {workers} workers"})
     rows.append({**run("per-sample main", make, touch_tokens, cap), "run": "tessera per-sample (main process)"})
+    rows.append({**run(f"per-sample DL{WORKERS}", lambda: loader("tessera", make(), "tokens", WORKERS), batch_len,
+                       cap), "run": f"tessera per-sample path, default collate, {WORKERS} workers"})
+    rows.append({**run(f"per-sample DL{WORKERS} collate_fn", lambda: _explicit_collate(make()), batch_len, cap),
+                 "run": f"tessera per-sample path, explicit collate_fn (data through torch's queues), {WORKERS} "
+                        "workers"})
     cache = env.cache()
     rows.append({**run("litdata main", lambda: litdata_dataset(dirs["litdata"], cache), touch_tokens, cap),
                  "run": "litdata per-sample (main process)"})
     W.rm(cache)
     for r in rows:
         r["gb_per_s"] = r["samples_per_s"] * W.SEQ * 2 / 1e9
+        r["steady_gb_per_s"] = (r["steady_samples_per_s"] or 0) * W.SEQ * 2 / 1e9
     results["batch"] = rows
+
+
+def _explicit_collate(ds: Any) -> Any:
+    """Tessera's per-sample DataLoader with a user collate_fn: workers then send the collated tensors
+    through torch's queues (what any custom collate gets), instead of the (shard, row) handoff."""
+    from tessera.stream import StreamingDataLoader
+    from tessera.stream.loader import collate_samples
+
+    return StreamingDataLoader(ds, batch_size=BATCH, num_workers=WORKERS, collate_fn=collate_samples)
 
 
 PROFILE_LINE = re.compile(r"\[tessera\.stream\][^\n]*")
@@ -643,9 +661,11 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
                                                       + (r.get("shuffle_mb") or 0) or None),
                         r.get("skipped") or r.get("error")] for r in results["plan_memory"]])
     if "batch" in results:
-        W.print_table("Token data from the local dataset (GB/s = samples/s x 4096 bytes)",
-                      ["run", "samples", "samples/s", "GB/s"],
-                      [[r["run"], r["samples"], r["samples_per_s"], r["gb_per_s"]] for r in results["batch"]])
+        W.print_table("Token data from the local dataset (GB/s = samples/s x 4096 bytes; steady: after the first "
+                      "batch, i.e. without worker start-up)",
+                      ["run", "samples", "samples/s", "GB/s", "steady GB/s", "first (s)"],
+                      [[r["run"], r["samples"], r["samples_per_s"], r["gb_per_s"], r["steady_gb_per_s"],
+                        r["first_s"]] for r in results["batch"]])
     for wl, runs in results.get("profile", {}).items():
         print(f"\n## Per-stage breakdown, TESSERA_STREAM_PROFILE=1 ({wl})")
         for r in runs:

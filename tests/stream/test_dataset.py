@@ -94,6 +94,8 @@ def configs(data: dict[str, Path]) -> dict[str, dict]:
 
 def job(data: dict, config: str, world: int, workers: int, **extra) -> dict:
     kw = {**configs(data)[config]["kw"], "batch_size": G // world}
+    if "columns" in extra:  # fixed-size columns only: workers hand batches over as BatchRefs
+        kw["columns"] = extra.pop("columns")
     return {"label": extra.pop("label", f"{config}/w{workers}"), "config": config, "dataset": kw,
             "num_workers": workers, "check": "elastic", **extra}
 
@@ -111,21 +113,30 @@ def saved_state(data: dict, name: str, rank: int = 0) -> Path:
 
 
 # (name, world size, ranks per node, fresh interpreter?, jobs)
+FIXED = ["id", "x"]  # the fixed-size columns of the elastic datasets
+
+
 def layouts(data: dict) -> list[tuple]:
     stop17, stop30 = state_path(data, "stop17"), state_path(data, "stop30")
+    refs_stop17 = state_path(data, "refs_stop17")
     end_of_epoch, after_last = state_path(data, "end_of_epoch"), state_path(data, "after_last")
     return [
         ("L1", 1, 1, False, [("main", 0), ("main", 1), ("main", 3), ("lanes3", 0), ("mix_abs", 0), ("mix_rel", 3),
                              ("main", 1, {"label": "two_epochs", "epochs": 2, "save_state": end_of_epoch}),
                              ("main", 0, {"label": "after_last", "stop_after": N_BATCHES,
                                           "save_state": after_last}),
-                             ("main", 0, {"label": "batch_path/w0", "batch_path": True})]),
+                             ("main", 0, {"label": "batch_path/w0", "batch_path": True}),
+                             ("main", 3, {"label": "refs/w3", "batch_path": True, "columns": FIXED}),
+                             ("main", 2, {"label": "refs_samples/w2", "columns": FIXED})]),
         ("L2", 2, 2, False, [("main", 0), ("main", 1), ("main", 3), ("mix_abs", 1), ("mix_rel", 0),
                              ("main", 1, {"label": "stop17", "stop_after": 17, "save_state": stop17}),
-                             ("main", 1, {"label": "batch_path/w1", "batch_path": True})]),
+                             ("main", 1, {"label": "batch_path/w1", "batch_path": True}),
+                             ("main", 3, {"label": "refs_stop17", "batch_path": True, "columns": FIXED,
+                                          "stop_after": 17, "save_state": refs_stop17})]),
         ("L2n", 2, 1, False, [("main", 1), ("lanes3", 3), ("mix_abs", 3)]),
         ("L4", 4, 2, False, [("main", 0), ("main", 1), ("main", 3), ("lanes3", 1), ("mix_abs", 0), ("mix_rel", 1),
-                             ("main", 3, {"label": "stop30", "stop_after": 30, "save_state": stop30})]),
+                             ("main", 3, {"label": "stop30", "stop_after": 30, "save_state": stop30}),
+                             ("mix_abs", 2, {"label": "refs_mix/w2", "batch_path": True, "columns": FIXED})]),
         # Fresh processes that load states saved above, on other world sizes and worker counts.
         ("R4", 4, 1, False, [("main", 3, {"label": "resume17", "load_state": str(saved_state(data, "stop17"))}),
                              ("main", 1, {"label": "after_last_resumed",
@@ -343,11 +354,21 @@ def test_finished_epoch_resumes_into_a_different_complete_next_epoch(runs: dict,
 # --- 9. batch path -----------------------------------------------------------------------------------------
 
 def test_batch_path_yields_the_per_sample_path_order(runs: dict) -> None:
-    for layout, w in (("L1", 0), ("L2", 1)):
-        fast, slow = runs[(layout, f"batch_path/w{w}")], runs[(layout, f"main/w{w}")]
+    """Also when workers hand batches over as BatchRefs in groups (fixed-size columns, workers > 0, on
+    the batch path or the per-sample path with the default collate): the same per-rank batches, one or
+    several streams, and the same resume state mid-epoch."""
+    pairs = [(("L1", "batch_path/w0"), ("L1", "main/w0")), (("L2", "batch_path/w1"), ("L2", "main/w1")),
+             (("L1", "refs/w3"), ("L1", "main/w0")), (("L4", "refs_mix/w2"), ("L4", "mix_abs/w0")),
+             (("L1", "refs_samples/w2"), ("L1", "main/w0"))]  # per-sample path, default collate
+    for fast_key, slow_key in pairs:
+        fast, slow = runs[fast_key], runs[slow_key]
         for f, sl in zip(fast, slow, strict=True):
-            assert f["epochs"][0] == sl["epochs"][0]
+            assert f["epochs"][0] == sl["epochs"][0], fast_key
             assert f["bad"] == 0  # stacked columns carry the right payloads
+    stopped, full = runs[("L2", "refs_stop17")], runs[("L2", "main/w1")]
+    for f, sl, plain in zip(stopped, full, runs[("L2", "stop17")], strict=True):
+        assert f["epochs"][0] == sl["epochs"][0][:17]
+        assert f["state"] == plain["state"]
 
 
 # --- 5. crash safety, shared cache, /dev/shm -------------------------------------------------------------

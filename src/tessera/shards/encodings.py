@@ -275,8 +275,6 @@ def _parse_ndarray(name: str, config: str | None) -> NDArrayEncoding | None:
 @lru_cache(maxsize=256)
 def lookup_encoding(name: str) -> Encoding | None:
     """The encoding object for an MDS encoding name, or None if the name is not one (cached)."""
-    from tessera.shards import image_encodings  # images need PIL; keep it out of the numeric path
-
     if not isinstance(name, str):
         return None
     base, sep, config = name.partition(":")
@@ -295,6 +293,8 @@ def lookup_encoding(name: str) -> Encoding | None:
     }
     if name in simple:
         return simple[name]()
+    from tessera.shards import image_encodings  # images need PIL (~0.15 s to import): only for them
+
     return image_encodings.lookup(name)
 
 

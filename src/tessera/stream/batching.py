@@ -39,7 +39,7 @@ import numpy as np
 
 from tessera.stream.mixing import StreamShards
 from tessera.stream.plan import EpochPlan, PlanConfig, RunPlan
-from tessera.stream.schedule import DeviceLayout, ShardNeed, rank_positions
+from tessera.stream.schedule import DeviceLayout, ShardNeed, WorkerBatches, rank_positions
 from tessera.stream.shuffle import derive_key
 
 BATCHING_METHODS = ("random", "stratified", "per_stream")
@@ -145,8 +145,7 @@ class StreamSchedule:
         return self.samples_for(t, 0, 1)
 
     def _worker_ts(self, layout: DeviceLayout) -> Iterator[np.ndarray]:
-        readers = max(1, layout.num_workers)
-        ts = range(self.first_batch + layout.worker_id, self.total_batches, readers)
+        ts = WorkerBatches(self.first_batch, self.total_batches, layout)
         step = max(1, _CHUNK_SAMPLES // max(1, self.global_batch_size // layout.world_size))
         for i in range(0, len(ts), step):
             yield np.asarray(ts[i:i + step], dtype=np.int64)

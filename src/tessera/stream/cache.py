@@ -19,6 +19,7 @@ import glob
 import json
 import math
 import os
+import resource
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -33,6 +34,15 @@ from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for
 
 META_DIR = ".tessera"
 INDEX_NAME = "index.json"
+
+
+def raise_open_file_limit() -> None:
+    """Each open shard holds an mmap and a pin lock (two fds): lift the soft limit to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 65536
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 class CacheLimitError(RuntimeError):

@@ -13,11 +13,9 @@ and "per_stream" build their global batches from one sequence per stream (`batch
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import os
-import resource
 import sys
 import time
 from collections import OrderedDict
@@ -28,10 +26,12 @@ from typing import Any
 import numpy as np
 from torch.utils.data import IterableDataset
 
+from tessera.shards.encodings import lookup_encoding
 from tessera.shards.reader import ShardReader
 from tessera.shards.sizes import parse_size
 from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method, stratified_counts
-from tessera.stream.cache import CacheLimitError
+from tessera.stream.cache import CacheLimitError, raise_open_file_limit
+from tessera.stream.gather import BatchRefs, gather
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.prefetch import Prefetcher
 from tessera.stream.schedule import BatchSchedule, DeviceLayout, rank_positions
@@ -41,19 +41,9 @@ from tessera.stream.world import World
 
 # Shards kept memory-mapped (and pinned) per reader process. A shuffle block spans many shards, so this
 # must cover them all or samples re-open shards; an mmap and a lock fd per shard cost little. Under a
-# cache_limit it is capped so pins never hold more than the limit.
+# cache_limit a reader keeps at most cache_limit // largest shard - 1 open (pinned shards cannot be
+# evicted), leaving room for the next download.
 OPEN_READERS = 256
-# ... fewer under a cache_limit: pinned shards cannot be evicted, so a reader keeps at most
-# cache_limit // largest shard - 1 of them open and leaves room for the next download.
-
-
-def _raise_open_file_limit() -> None:
-    """Each open shard holds an mmap and a pin lock (two fds): lift the soft limit to the hard one."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = hard if hard != resource.RLIM_INFINITY else 65536
-    if soft != resource.RLIM_INFINITY and soft < want:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
 class StreamingDataset(IterableDataset):
@@ -88,7 +78,7 @@ class StreamingDataset(IterableDataset):
         self.cache_limit = parse_size(cache_limit) if cache_limit is not None else None
         world = World.from_env()
         self._check_world(world)
-        _raise_open_file_limit()
+        raise_open_file_limit()
         # cache_limit bounds (and evicts from) the folders of remote streams only: a local-only stream's
         # folder is the data itself, with no other copy, and must never be evicted from.
         roots = [local_root_of(s) for s in specs if s.remote is not None]
@@ -166,13 +156,13 @@ class StreamingDataset(IterableDataset):
         """Samples in one epoch after stream weighting (MosaicML's `size`)."""
         return int(self._run.epoch(self._epoch).size)
 
-    def _layout(self, world: World) -> DeviceLayout:
+    def _layout(self, world: World, group: int = 1) -> DeviceLayout:
         r = self.replication
         per_node = world.local_world_size // r if world.local_world_size % r == 0 else None
         return DeviceLayout(world_size=world.world_size // r, rank=world.rank // r,
                             ranks_per_node=per_node if per_node else None,
                             num_workers=world.num_workers if world.num_workers > 1 else 0,
-                            worker_id=world.worker_id)
+                            worker_id=world.worker_id, group=group)
 
     def global_batch_size(self, world: World | None = None) -> int:
         world = world or World.from_env()
@@ -311,10 +301,10 @@ class StreamingDataset(IterableDataset):
         self._epoch, self._resume = state.epoch, state
 
     # --- iteration --------------------------------------------------------------------------------------
-    def _schedule(self) -> tuple[BatchSchedule | StreamSchedule, World, DeviceLayout]:
+    def _schedule(self, group: int = 1) -> tuple[BatchSchedule | StreamSchedule, World, DeviceLayout]:
         world = World.from_env()
         self._check_world(world)
-        layout = self._layout(world)
+        layout = self._layout(world, group)
         epoch, start = self._begin()
         if self.batching_method != "random":
             sched = self._batched(epoch, self.global_batch_size(world), start)
@@ -331,8 +321,7 @@ class StreamingDataset(IterableDataset):
             yield from sched.worker_batches(layout)
             return
         n, G = len(sched.plan), sched.global_batch_size
-        readers = max(1, layout.num_workers)
-        ts_all = range(layout.worker_id, sched.num_batches, readers)
+        ts_all = sched.worker_batch_indices(layout)
         step = max(1, 16384 // max(1, G // layout.world_size))
         for i in range(0, len(ts_all), step):
             ts = np.asarray(ts_all[i:i + step], dtype=np.int64)
@@ -343,11 +332,17 @@ class StreamingDataset(IterableDataset):
 
     def _prefetcher(self, sched: BatchSchedule | StreamSchedule, layout: DeviceLayout) -> Prefetcher:
         window = self.predownload if self.predownload is not None else max(8 * self.batch_size, 512)
-        return Prefetcher(sched.shard_order(layout), self._prefetch, self._path, window)
+        return Prefetcher(sched.shard_order(layout), self._prefetch, self._path, window, warm_up=self._warm_up)
 
-    def _epoch_batches(self) -> Iterator[tuple[np.ndarray, np.ndarray, Prefetcher]]:
+    def _warm_up(self) -> None:
+        """Column decoders (image ones import PIL, ~0.15 s) set up while the first shards download."""
+        for st in self.streams:
+            for name in st.entries[0].column_encodings if st.entries else ():
+                lookup_encoding(name)
+
+    def _epoch_batches(self, group: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray, Prefetcher]]:
         """(shard ids, in-shard indices) per rank batch, with the prefetcher kept in step."""
-        sched, _, layout = self._schedule()
+        sched, _, layout = self._schedule(group)
         prefetcher = self._prefetcher(sched, layout)
         done = 0
         try:
@@ -373,21 +368,31 @@ class StreamingDataset(IterableDataset):
         """Whole per-device batches: fixed-size columns stacked into arrays, others as lists."""
         for shards, local, prefetcher in self._epoch_batches():
             t0 = time.perf_counter()
-            yield self._gather(shards, local, prefetcher)
+            yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local)
             self.stage_times.decode += time.perf_counter() - t0
 
-    def _gather(self, shards: np.ndarray, local: np.ndarray, prefetcher: Prefetcher) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for shard in np.unique(shards).tolist():
-            rows = np.flatnonzero(shards == shard)
-            part = self._reader(shard, prefetcher).get_batch(local[rows])
-            for name, values in part.items():
-                if isinstance(values, np.ndarray):
-                    if name not in out:
-                        out[name] = np.empty((len(shards), *values.shape[1:]), dtype=values.dtype)
-                    out[name][rows] = values
-                else:
-                    slot = out.setdefault(name, [None] * len(shards))
-                    for r, v in zip(rows.tolist(), values, strict=True):
-                        slot[r] = v
-        return out
+    def iter_batch_groups(self, group: int, refs: bool) -> Iterator[BatchRefs | list[dict[str, Any]]]:
+        """DataLoader items: with `refs`, BatchRefs of `group` consecutive per-device batches whose shards
+        are all present (the consumer gathers them: `gather_refs`); else [batch] from `iter_batches`."""
+        if not refs:  # through iter_batches, which a subclass may have overridden
+            yield from ([batch] for batch in self.iter_batches())
+            return
+        pending: list[tuple[np.ndarray, np.ndarray]] = []
+        for shards, local, prefetcher in self._epoch_batches(group):
+            t0 = time.perf_counter()
+            for shard in np.unique(shards).tolist():
+                self._reader(shard, prefetcher)  # present, pinned and open before anyone is told
+            pending.append((shards, local))
+            self.stage_times.decode += time.perf_counter() - t0
+            if len(pending) == group:
+                yield BatchRefs.of(pending)
+                pending = []
+        if pending:
+            yield BatchRefs.of(pending)
+
+    def gather_refs(self, refs: BatchRefs) -> Iterator[dict[str, Any]]:
+        """The batches a worker named, gathered from this process's own mapping of the cache files."""
+        for shards, rows in refs.batches():
+            t0 = time.perf_counter()
+            yield gather(self._reader, shards, rows)
+            self.stage_times.decode += time.perf_counter() - t0  # includes the consumer's time, as above

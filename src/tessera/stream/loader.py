@@ -2,32 +2,46 @@
 
 It counts the batches it hands out; `state_dict()` turns that into samples consumed over all ranks,
 which is all a resume needs. With `batch_path=True` the dataset yields whole per-device batches of
-stacked arrays (no per-sample dicts, no collate loop): the fast path for fixed-size columns.
+stacked arrays (no per-sample dicts, no collate loop): the fast path for fixed-size columns. With
+workers and only fixed-size columns, workers send BatchRefs (where each sample is) in groups of
+batches and this process gathers the rows from the cache files (gather.py): on the batch path, and on
+the per-sample path when the default collate would only stack them anyway (same tensors).
 
 Object stores (S3, GCS, Azure) go through obstore, whose Rust (tokio) runtime does not survive fork():
-once the dataset has fetched its index in this process, a fork()ed DataLoader worker that touches the
-store hangs or crashes. With such a remote, workers therefore start from a forkserver (a clean process
-that has imported tessera.stream once) unless you pass `multiprocessing_context` yourself.
+once this process has made an object-store request, a fork()ed DataLoader worker that makes another
+hangs. The dataset therefore reads its index.json from a short-lived helper (forksafe.py) and the
+runtime never starts here, so workers fork normally (fast: nothing to re-import). If something else
+in the process has started it, workers come from a forkserver instead (a clean process that has
+imported tessera.stream once; ~2 s the first time), unless you pass `multiprocessing_context`.
 """
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
-from collections.abc import Iterator
+import os
+import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, default_collate
+from torch.utils.data._utils.pin_memory import pin_memory
 
 from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
+from tessera.stream.forksafe import can_fork, runtime_started
+from tessera.stream.gather import REF_GROUP, all_fixed_size
+from tessera.stream.state import StageTimes
 
 
 def _needs_clean_workers(dataset: StreamingDataset) -> bool:
-    """Whether the dataset reads from an object store (obstore: not fork-safe once used)."""
-    return any(st.remote_store is not None and not isinstance(st.remote_store, LocalStore)
-               for st in dataset.streams)
+    """Whether fork()ed workers could hang: the dataset reads from an object store and obstore's
+    runtime already runs in this process (checked when workers start, not when the loader is built)."""
+    remote = any(st.remote_store is not None and not isinstance(st.remote_store, LocalStore)
+                 for st in dataset.streams)
+    return remote and (not can_fork() or runtime_started())
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
@@ -37,17 +51,36 @@ def _worker_context() -> multiprocessing.context.BaseContext:
 
 
 class _BatchView(IterableDataset):
-    """Wraps a StreamingDataset so that each item is one whole per-device batch."""
+    """Wraps a StreamingDataset so that each item is a group of `group` whole per-device batches
+    (a list of batches, or their BatchRefs when `refs`)."""
 
-    def __init__(self, dataset: StreamingDataset) -> None:
-        self.dataset = dataset
+    def __init__(self, dataset: StreamingDataset, group: int, refs: bool) -> None:
+        self.dataset, self.group, self.refs = dataset, group, refs
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
-        return self.dataset.iter_batches()
+    def __iter__(self) -> Iterator[Any]:
+        return self.dataset.iter_batch_groups(self.group, self.refs)
 
     def __len__(self) -> int:
-        """Per-device batches in one epoch, so trainers see the epoch end without running dry."""
-        return len(self.dataset) // self.dataset.batch_size
+        """Items in one epoch."""
+        return -(-(len(self.dataset) // self.dataset.batch_size) // self.group)
+
+
+def _refs_possible(dataset: StreamingDataset, batch_path: bool) -> bool:
+    """Only fixed-size columns, and the reading method the loader would call is not overridden (a
+    subclass transforming samples in `__iter__` or batches in `iter_batches` must see them)."""
+    method = "iter_batches" if batch_path else "__iter__"
+    if getattr(type(dataset), method) is not getattr(StreamingDataset, method):
+        return False
+    return all(all_fixed_size(st.entries[:1], dataset.columns) for st in dataset.streams)
+
+
+def _collate_each(collate: Callable[[Any], Any], batches: list[Any]) -> list[Any]:
+    """Runs in the worker: the batch path's collate on every batch of a group."""
+    return [collate(b) for b in batches]
+
+
+def _as_is(item: Any) -> Any:
+    return item
 
 
 def _tensor(value: np.ndarray) -> torch.Tensor:
@@ -91,17 +124,24 @@ class StreamingDataLoader(DataLoader):
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers=True is not supported: workers must see the epoch and the "
                              "resume position at the start of every epoch")
-        if kwargs.get("num_workers", 0) > 0 and kwargs.get("multiprocessing_context") is None \
-                and _needs_clean_workers(dataset):
-            kwargs["multiprocessing_context"] = _worker_context()
+        self._auto_context = kwargs.get("multiprocessing_context") is None
         self.streaming_dataset = dataset
         self.batch_path = batch_path
-        if batch_path:
-            kwargs.setdefault("collate_fn", _to_tensors)
-            super().__init__(_BatchView(dataset), batch_size=None, **kwargs)
+        user_collate = kwargs.pop("collate_fn", None)
+        # Workers hand over BatchRefs (gather.py) unless a collate_fn must see the data in the worker. With
+        # the default collate and only fixed-size columns, collating samples gives exactly the stacked
+        # tensors a batch gather gives, so the per-sample path takes that route too.
+        self._refs = kwargs.get("num_workers", 0) > 0 and user_collate is None and _refs_possible(dataset, batch_path)
+        self._grouped = batch_path or self._refs  # DataLoader items are groups of whole batches
+        if self._grouped:
+            kwargs.pop("drop_last", None)  # every per-device batch is full (the epoch wraps): nothing to drop
+            self._batch_collate = user_collate or _to_tensors
+            collate = _as_is if self._refs else functools.partial(_collate_each, self._batch_collate)
+            super().__init__(_BatchView(dataset, REF_GROUP if self._refs else 1, self._refs), batch_size=None,
+                             collate_fn=collate, **kwargs)
+            object.__setattr__(self, "batch_size", batch_size)  # as on the per-sample path (torch forbids set)
         else:
-            kwargs.setdefault("collate_fn", collate_samples)
-            super().__init__(dataset, batch_size=batch_size, **kwargs)
+            super().__init__(dataset, batch_size=batch_size, collate_fn=user_collate or collate_samples, **kwargs)
         self._epoch = dataset._epoch
         self._batches_seen = 0
 
@@ -109,13 +149,41 @@ class StreamingDataLoader(DataLoader):
         ds = self.streaming_dataset
         ds.set_epoch(self._epoch)
         self._batches_seen = 0
-        for batch in super().__iter__():
-            self._batches_seen += 1
-            yield batch
+        if self._auto_context and self.num_workers > 0:
+            self.multiprocessing_context = _worker_context() if _needs_clean_workers(ds) else None
+        try:
+            for item in super().__iter__():
+                for batch in self._batches_of(item):
+                    self._batches_seen += 1
+                    yield batch
+        finally:
+            if self._refs:
+                ds._close_readers()  # the mappings (and pins) this process opened to gather
+                if os.environ.get("TESSERA_STREAM_PROFILE"):
+                    print(f"[tessera.stream] training process: gather (of the workers' BatchRefs)+consume "
+                          f"{ds.stage_times.decode:.2f}s", file=sys.stderr)
+                ds.stage_times = StageTimes()
         self._epoch += 1  # a finished epoch: the next iteration starts the next one from its start
         ds.set_epoch(self._epoch)
         ds._resume = None
         self._batches_seen = 0
+
+    def _batches_of(self, item: Any) -> Iterator[Any]:
+        if not self._grouped:
+            yield item
+        elif not self._refs:
+            yield from item
+        else:  # made here, after torch's pin-memory thread has seen the item: pin as it would
+            pin = self.pin_memory and torch.accelerator.is_available()
+            for batch in self.streaming_dataset.gather_refs(item):
+                batch = self._batch_collate(batch)
+                yield pin_memory(batch) if pin else batch
+
+    def __len__(self) -> int:
+        """Batches in one epoch (DataLoader items may each carry several)."""
+        if self._grouped:
+            return len(self.streaming_dataset) // self.streaming_dataset.batch_size
+        return super().__len__()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the global order stands (after the batches this loader has yielded)."""

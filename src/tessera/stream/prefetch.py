@@ -21,7 +21,8 @@ class Prefetcher:
 
     def __init__(self, needs: Iterator[ShardNeed],
                  fetch: Callable[[int, Callable[[Path], float]], Path | None],
-                 path_of: Callable[[int], Path], window: int, concurrency: int = 4) -> None:
+                 path_of: Callable[[int], Path], window: int, concurrency: int = 4,
+                 warm_up: Callable[[], object] | None = None) -> None:
         self._needs = needs
         self._fetch = fetch
         self._path_of = path_of
@@ -32,6 +33,8 @@ class Prefetcher:
         self._next_need: dict[Path, int] = {}  # shard file -> sample index of its first need
         self._futures: dict[int, Future[Path | None]] = {}
         self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tessera-prefetch")
+        if warm_up is not None:  # one-time set-up the reader needs later, done while the downloads run
+            self._pool.submit(warm_up)
         self._thread = threading.Thread(target=self._run, name="tessera-prefetch-plan", daemon=True)
         self._thread.start()
 

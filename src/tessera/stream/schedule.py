@@ -31,6 +31,7 @@ class DeviceLayout:
     ranks_per_node: int | None = None  # None: one node
     num_workers: int = 0  # DataLoader workers; 0 means the main process reads (one reader)
     worker_id: int = 0
+    group: int = 1  # consecutive batches a worker serves before the next worker's turn (see WorkerBatches)
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -41,10 +42,49 @@ class DeviceLayout:
         if self.num_workers < 0 or not 0 <= self.worker_id < max(1, self.num_workers):
             raise ValueError(f"need 0 <= worker_id < max(1, num_workers), got worker_id={self.worker_id}, "
                              f"num_workers={self.num_workers}")
+        if self.group < 1:
+            raise ValueError(f"group must be >= 1, got {self.group}")
 
     @property
     def nodes(self) -> int:
         return self.world_size // (self.ranks_per_node or self.world_size)
+
+
+class WorkerBatches:
+    """The batches in [first, total) one reader serves, as a lazy sequence of batch indices.
+
+    Workers take turns in groups of `layout.group` consecutive batches: group c = batches
+    [first + c*k, first + (c+1)*k) goes to worker c % num_workers. A DataLoader reads its workers
+    round-robin, so it receives groups 0, 1, 2, ... and hence batches in order; with k > 1 one
+    DataLoader item carries k batches (per-item overhead of torch's worker queues paid once per k).
+    k = 1 is plain round-robin over batches. Never materialised: O(1) memory at any epoch size.
+    """
+
+    def __init__(self, first: int, total: int, layout: DeviceLayout) -> None:
+        self.first, self.k, self.readers = first, layout.group, max(1, layout.num_workers)
+        self.worker = layout.worker_id
+        n = max(0, total - first)
+        groups = -(-n // self.k)
+        mine = len(range(self.worker, groups, self.readers))
+        self._len = mine * self.k
+        if mine and (groups - 1) % self.readers == self.worker:
+            self._len -= groups * self.k - n  # this worker has the last group, which may be short
+
+    def __len__(self) -> int:
+        return self._len
+
+    def _at(self, i: np.ndarray) -> np.ndarray:
+        return self.first + (self.worker + (i // self.k) * self.readers) * self.k + i % self.k
+
+    def __getitem__(self, item: slice | int) -> np.ndarray | int:
+        if isinstance(item, slice):
+            return self._at(np.arange(*item.indices(self._len), dtype=np.int64))
+        index = range(self._len)[item]  # bounds and negative indices as for any sequence
+        return int(self._at(np.int64(index)))
+
+    def __iter__(self) -> Iterator[int]:
+        for start in range(0, self._len, 1 << 16):
+            yield from self[start:start + (1 << 16)].tolist()
 
 
 class ShardNeed(NamedTuple):
@@ -126,10 +166,9 @@ class BatchSchedule:
         last = self.positions_for(self.num_batches - 1, rank, world_size, ranks_per_node).size
         return (self.num_batches - 1) * (self.global_batch_size // world_size) + last
 
-    def worker_batch_indices(self, layout: DeviceLayout) -> range:
+    def worker_batch_indices(self, layout: DeviceLayout) -> WorkerBatches:
         """Batches this worker serves: DataLoader workers take a rank's batches round-robin."""
-        readers = max(1, layout.num_workers)
-        return range(layout.worker_id, self.num_batches, readers)
+        return WorkerBatches(0, self.num_batches, layout)
 
     def _worker_chunks(self, layout: DeviceLayout) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(batch indices, positions of shape (batches, G/W) with -1 past the end) in chunks."""

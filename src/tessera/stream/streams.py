@@ -18,8 +18,9 @@ from tessera.shards.errors import DatasetNotFound
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
 from tessera.shards.reader import ShardReader
 from tessera.storage import NotFound, RetryPolicy, Store, open_store
-from tessera.storage.local import write_atomic
+from tessera.storage.local import LocalStore, write_atomic
 from tessera.stream.cache import ShardCache
+from tessera.stream.forksafe import call_in_fork, can_fork, runtime_started
 from tessera.stream.mixing import StreamShards
 
 
@@ -89,6 +90,17 @@ class LoadedStream:
                            shard=shard)
 
 
+def read_index(remote: Store) -> bytes:
+    """index.json from `remote`, fetched so that DataLoader workers can still fork() afterwards.
+
+    An object store is read from a fork()ed helper while obstore's runtime has not started in this
+    process (see forksafe.py); local folders, and processes that already run it, read directly.
+    """
+    if isinstance(remote, LocalStore) or not can_fork() or runtime_started():
+        return remote.get(INDEX_BASENAME)
+    return call_in_fork(lambda: remote.get(INDEX_BASENAME))
+
+
 def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, validate_hash: str | None,
                 keep_zip: bool, cache_limit: int | None, peer_roots: list[Path]) -> LoadedStream:
     """Fetch and validate the stream's index (fresh from the remote on every start) and set up its cache."""
@@ -103,7 +115,7 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
     label = remote.url_for(INDEX_BASENAME) if remote else str(local_root / INDEX_BASENAME)
     if remote is not None:
         try:
-            raw = remote.get(INDEX_BASENAME)
+            raw = read_index(remote)
         except NotFound:
             raise DatasetNotFound(f"{label}: no index.json; is the remote URL right, and was the dataset "
                                   "written completely?") from None

@@ -1,0 +1,92 @@
+"""Keep the training process free of obstore's runtime so DataLoader workers can simply fork().
+
+obstore runs its requests on a process-global tokio runtime whose threads do not survive fork(): once
+this process has made one object-store request, a fork()ed child that makes another (even through a
+new store object) hangs. Forkserver workers avoid that but cost ~2 s to start (a fresh interpreter
+importing torch), which was most of the time to the first remote batch.
+
+A dataset only needs the store in this process for its index.json. `call_in_fork` makes that request
+from a short-lived fork()ed child (~30 ms), so the runtime starts there and dies with it; store
+objects created here without a request are fine to use after fork. `runtime_started` tells the
+DataLoader whether fork() is still safe (something else in the process may have used obstore).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+# obstore names its runtime threads "tokio-rt-worker"; tokio's default is "tokio-runtime-worker".
+_RUNTIME_THREAD_PREFIX = "tokio-"
+
+
+def can_fork() -> bool:
+    """fork() is available and usable for workers (Linux; macOS forks badly and defaults to spawn)."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
+
+
+def runtime_started() -> bool:
+    """Whether a tokio runtime has threads in this process (then fork()ed children cannot use obstore).
+
+    Read from the thread names in /proc, so it also sees runtimes started by other libraries. Where
+    that cannot be read, answer True: the caller then takes the safe (slower) path.
+    """
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            if (task / "comm").read_text().startswith(_RUNTIME_THREAD_PREFIX):
+                return True
+        except OSError:
+            continue  # the thread ended while we looked
+    return False
+
+
+def call_in_fork(fn: Callable[[], T]) -> T:
+    """Run `fn` in a fork()ed child and return its result (or raise its exception) here.
+
+    The result and any exception travel pickled through a pipe, so both must be picklable.
+    """
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller's code
+        os.close(read_fd)
+        status = 0
+        try:
+            try:
+                payload = pickle.dumps((True, fn()))
+            except BaseException as err:  # noqa: BLE001 - every error goes back to the parent
+                try:
+                    payload = pickle.dumps((False, err))
+                except Exception:  # noqa: BLE001 - an unpicklable error: keep its text
+                    payload = pickle.dumps((False, RuntimeError(f"{type(err).__name__}: {err}")))
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(payload)
+        except BaseException:  # noqa: BLE001
+            status = 1
+        finally:
+            os._exit(status)  # no atexit handlers, no flushing of the parent's buffers twice
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd, "rb") as pipe:
+            payload = pipe.read()
+    except BaseException:  # interrupted here (Ctrl-C): do not leave the helper running
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    _, status = os.waitpid(pid, 0)
+    if not payload:
+        raise RuntimeError(f"a fork()ed helper process died (wait status {status}) before it answered")
+    ok, value = pickle.loads(payload)
+    if not ok:
+        raise value
+    return value

@@ -1,0 +1,171 @@
+"""How batches get from DataLoader workers to the training process, and how workers start.
+
+- `WorkerBatches`: workers serve batches in groups; read round-robin, as torch's DataLoader reads its
+  workers, the groups give every batch exactly once and in order (hypothesis).
+- `gather`: a batch gathered from several shards equals the samples read one by one.
+- `forksafe`: a remote dataset leaves obstore's runtime unstarted in the training process, so workers
+  fork (no forkserver start-up); once something has started it, workers come from a forkserver and
+  still read correctly (a real S3 server and a fresh interpreter).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import helpers  # noqa: E402
+
+from tessera.shards.reader import ShardReader  # noqa: E402
+from tessera.storage import NotFound  # noqa: E402
+from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
+from tessera.stream.forksafe import call_in_fork  # noqa: E402
+from tessera.stream.gather import BatchRefs, all_fixed_size, gather  # noqa: E402
+from tessera.stream.schedule import DeviceLayout, WorkerBatches  # noqa: E402
+
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# --- worker groups -------------------------------------------------------------------------------------
+
+@FAST
+@given(st.integers(0, 40), st.integers(0, 150), st.integers(0, 5), st.integers(1, 7))
+def test_worker_groups_read_round_robin_give_every_batch_once_in_order(first: int, n: int, workers: int,
+                                                                        group: int) -> None:
+    total = first + n
+    readers = max(1, workers)
+    lists = [WorkerBatches(first, total, DeviceLayout(num_workers=workers, worker_id=w, group=group))
+             for w in range(readers)]
+    # Sequence behaviour: len, slices, single items and iteration agree.
+    for seq in lists:
+        as_list = list(seq)
+        assert len(as_list) == len(seq)
+        assert seq[0:len(seq)].tolist() == as_list
+        if as_list:
+            assert seq[len(seq) - 1] == as_list[-1] and seq[-1] == as_list[-1]
+    # A DataLoader takes one item (a group) from each worker in turn, skipping exhausted ones.
+    items = [[as_list[i:i + group] for i in range(0, len(as_list), group)] for as_list in map(list, lists)]
+    served, turn = [], [0] * readers
+    while any(turn[w] < len(items[w]) for w in range(readers)):
+        for w in range(readers):
+            if turn[w] < len(items[w]):
+                served += items[w][turn[w]]
+                turn[w] += 1
+    assert served == list(range(first, total))
+
+
+# --- gathering -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("columns", [None, ["id", "x"]])
+def test_gather_over_several_shards_equals_reading_samples_one_by_one(tmp_path: Path, columns) -> None:
+    helpers.write_elastic(tmp_path / "ds", range(200), size_limit=900)
+    ds = StreamingDataset(local=str(tmp_path / "ds"), batch_size=8, columns=columns)
+    assert all_fixed_size(ds.streams[0].entries, columns) is (columns is not None)
+    readers: dict[int, ShardReader] = {}
+
+    def reader(shard: int) -> ShardReader:
+        return readers.setdefault(shard, ds._reader(shard))
+
+    rng = np.random.default_rng(3)
+    ids = rng.permutation(200)
+    for lo in range(0, 200, 40):
+        shards, rows = ds._locate(ids[lo:lo + 40])
+        assert len(set(shards.tolist())) > 1
+        batch = gather(reader, shards, rows)
+        for j, (shard, row) in enumerate(zip(shards.tolist(), rows.tolist(), strict=True)):
+            one = reader(shard).get(row)
+            assert set(batch) == set(one)
+            for name, value in one.items():
+                assert np.array_equal(np.asarray(batch[name][j]), np.asarray(value)), name
+    refs = BatchRefs.of([ds._locate(ids[:5]), ds._locate(ids[5:12])])
+    assert [len(s) for s, _ in refs.batches()] == [5, 7]
+    assert np.array_equal(np.concatenate([r for _, r in refs.batches()]), ds._locate(ids[:12])[1])
+
+
+# --- fork safety ---------------------------------------------------------------------------------------
+
+def test_call_in_fork_returns_results_and_raises_errors_with_their_attributes() -> None:
+    assert call_in_fork(lambda: (os.getpid(), b"x" * 100_000))[0] != os.getpid()
+    assert len(call_in_fork(lambda: b"x" * 5_000_000)) == 5_000_000  # larger than a pipe buffer
+
+    def missing() -> None:
+        raise NotFound("s3://b/k: no such key", "s3://b/k")
+
+    with pytest.raises(NotFound) as info:
+        call_in_fork(missing)
+    assert info.value.url == "s3://b/k"
+
+
+FORK_SCRIPT = r"""
+import json, sys
+from tessera.storage import open_store
+from tessera.stream import StreamingDataLoader, StreamingDataset
+from tessera.stream.forksafe import runtime_started
+
+remote, cache = sys.argv[1], sys.argv[2]
+ds = StreamingDataset(remote=remote, local=cache, shuffle=True, batch_size=4)
+out = {"runtime_after_dataset": runtime_started()}
+loader = StreamingDataLoader(ds, batch_size=4, num_workers=2)
+out["fork_epoch"] = [[int(i) for i in b["id"]] for b in loader]
+out["fork_context"] = loader.multiprocessing_context is None  # None: the platform default, fork
+out["runtime_after_epoch"] = runtime_started()
+open_store(remote).get("index.json")  # obstore's runtime now runs in this process
+out["runtime_after_get"] = runtime_started()
+out["forkserver_epoch"] = [[int(i) for i in b["id"]] for b in loader]  # the loader's second epoch
+out["forkserver_context"] = loader.multiprocessing_context.get_start_method()
+print(json.dumps(out))
+"""
+
+
+def test_remote_workers_fork_unless_obstore_already_runs(s3_bucket: str, tmp_path: Path) -> None:
+    remote = f"{s3_bucket}/forks"
+    helpers.write_elastic(remote, range(120))
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / "src")}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    proc = subprocess.run([sys.executable, "-c", FORK_SCRIPT, remote, str(tmp_path / "cache")], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["runtime_after_dataset"] is False and out["runtime_after_epoch"] is False
+    assert out["fork_context"] is True
+    assert out["runtime_after_get"] is True and out["forkserver_context"] == "forkserver"
+    # Both epochs read exactly what a single process reads (ids are checked by their payload elsewhere).
+    expect = StreamingDataLoader(StreamingDataset(remote=remote, local=str(tmp_path / "ref"), shuffle=True,
+                                                  batch_size=4), batch_size=4)
+    for epoch in ("fork_epoch", "forkserver_epoch"):
+        assert out[epoch] == [[int(i) for i in b["id"]] for b in expect], epoch
+
+
+class _Tagged(StreamingDataset):
+    """A subclass that transforms what it reads: the loader must not bypass it with BatchRefs."""
+
+    def __iter__(self):
+        for sample in super().__iter__():
+            yield {**sample, "tag": np.int64(1)}
+
+    def iter_batches(self):
+        for batch in super().iter_batches():
+            yield {**batch, "tag": np.ones(len(batch["id"]), dtype=np.int64)}
+
+
+@pytest.mark.parametrize("batch_path", [False, True])
+def test_workers_keep_a_subclass_transform(tmp_path: Path, batch_path: bool) -> None:
+    helpers.write_elastic(tmp_path / "ds", range(96))
+    plain = StreamingDataLoader(StreamingDataset(local=str(tmp_path / "ds"), batch_size=8, columns=["id", "x"]),
+                                num_workers=2, batch_path=batch_path)
+    tagged = StreamingDataLoader(_Tagged(local=str(tmp_path / "ds"), batch_size=8, columns=["id", "x"]),
+                                 num_workers=2, batch_path=batch_path)
+    assert plain._refs and not tagged._refs
+    got = list(tagged)
+    assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in plain]
+    assert all(b["tag"].tolist() == [1] * 8 for b in got)
