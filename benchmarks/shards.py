@@ -4,11 +4,17 @@ Write (samples/s and MB/s of sample bytes, uncompressed and zstd; best of --repe
 - Tessera `ShardWriter`, one process, fed the same Python samples as MDSWriter.
 - Tessera `convert(..., workers=1|2)`: the parallel converter, from a prepared input (prepared outside the
   timed region): tokens as a Parquet file with one 4096-byte binary column per row (ShardWriter stores a
-  bytes value of an `ndarray:uint16:2048` column as it is), images as the image folder. Process start-up
-  (spawn) is inside the timed region.
+  bytes value of an `ndarray:uint16:2048` column as it is), images as the image folder. Planning the input
+  (listing the folder) and starting the worker processes are inside the timed region. Workers read and
+  encode whole chunks into shard-ready bytes; the parent cuts shards and compresses/stores them in
+  threads. Uniform Parquet rows are encoded column-wise without per-row work, and then the parent does it
+  in-line (a process hop would only add a copy), so w=2 takes the w=1 path on the tokens set.
 - `streaming.MDSWriter`, one process (it has no parallel writer).
 - `litdata.optimize`, 1 and 2 worker processes (spawned, inside the timed region), one input per sample:
   tokens read from the memory-mapped .npy, images from the files.
+- jsonl (parse-bound): documents of 200-2,000 characters (text, label, score) as JSONL; MB/s are of the input
+  file. ShardWriter and MDSWriter parse each line with `json.loads` in their process (the lines are read
+  into RAM outside the timed region); `convert` reads the file. No litdata run (it has no JSONL reader).
 Tessera fsyncs every shard and index.json (durable commit); MDSWriter and litdata do not.
 
 Random access: --reads random `ds[i]` (default 100k) on the uncompressed local datasets: Tessera
@@ -45,6 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import workloads as W  # noqa: E402
 
 COMPRESSIONS = (None, "zstd")
+JSONL_FULL = 800_000  # documents of 200-2,000 characters: ~0.9 GB of JSONL
+JSONL_COLUMNS = {"text": "str", "label": "int", "score": "float64"}
 WRITERS = ("tessera ShardWriter", "tessera convert w=1", "tessera convert w=2", "mosaic MDSWriter")
 
 
@@ -78,6 +86,14 @@ def child_write(workload: str, writer: str, compression: str | None, out: Path, 
                                                                 workers=n)
             fns[f"litdata optimize w={n}"] = lambda n=n: W.litdata_write(out, W.TokenRow(str(npy)),
                                                                          list(range(samples)), compression, n)
+    elif workload == "jsonl":
+        path = work / "docs.jsonl"
+        lines = path.read_bytes().splitlines() if writer in ("tessera ShardWriter", "mosaic MDSWriter") else []
+        fns = {"tessera ShardWriter": lambda: tessera_write_jsonl(out, lines, compression),
+               "mosaic MDSWriter": lambda: mds_write_jsonl(out, lines, compression)}
+        for n in (1, 2):
+            fns[f"tessera convert w={n}"] = lambda n=n: convert(path, out, columns=JSONL_COLUMNS, compression=compression,
+                                                                size_limit=W.SIZE_LIMIT, workers=n)
     else:
         files = W.make_images(work, samples)
         fns = {"tessera ShardWriter": lambda: W.tessera_write_images(out, files, compression),
@@ -96,9 +112,40 @@ def child_write(workload: str, writer: str, compression: str | None, out: Path, 
     print(json.dumps({"seconds": time.perf_counter() - t0}))
 
 
+def make_jsonl(work: Path, n: int, seed: int = 0) -> Path:
+    """`docs.jsonl`: n documents of random words (text, label, score), reused when it has n lines."""
+    path, stamp = work / "docs.jsonl", work / "docs.jsonl.complete"
+    if path.exists() and stamp.exists() and stamp.read_text() == f"{n}:{seed}":
+        return path
+    rng = random.Random(seed)
+    words = ["".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9))) for _ in range(5000)]
+    with open(path, "w") as f:
+        for i in range(n):
+            text = " ".join(rng.choices(words, k=rng.randint(30, 300)))
+            f.write(json.dumps({"text": text, "label": i % 10, "score": rng.random()}) + "\n")
+    stamp.write_text(f"{n}:{seed}")
+    return path
+
+
+def tessera_write_jsonl(out: Path, lines: list[bytes], compression: str | None) -> None:
+    """One process: parse each line and write it, as a script using ShardWriter would."""
+    from tessera.shards import ShardWriter
+
+    with ShardWriter(out, JSONL_COLUMNS, compression=compression, size_limit=W.SIZE_LIMIT) as writer:
+        for line in lines:
+            writer.write(json.loads(line))
+
+
+def mds_write_jsonl(out: Path, lines: list[bytes], compression: str | None) -> None:
+    with W.mosaic().MDSWriter(out=str(out), columns=JSONL_COLUMNS, compression=compression,
+                              size_limit=W.SIZE_LIMIT) as writer:
+        for line in lines:
+            writer.write(json.loads(line))
+
+
 def bench_write(workload: str, data: dict[str, Any], work: Path, repeat: int, lit_workers: list[int],
                 rows: list[dict[str, Any]], only_writers: list[str] | None = None) -> None:
-    writers = [*WRITERS, *(f"litdata optimize w={n}" for n in lit_workers)]
+    writers = [*WRITERS, *(f"litdata optimize w={n}" for n in lit_workers if workload != "jsonl")]
     if only_writers:
         writers = [w for w in writers if any(key in w for key in only_writers)]
         if "mosaic MDSWriter" not in writers:
@@ -185,7 +232,11 @@ def bench_random(workload: str, data: dict[str, Any], work: Path, reads: int, an
 
 def prepare(workload: str, scale: float, work: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    if workload == "tokens":
+    if workload == "jsonl":
+        n = W.scaled(JSONL_FULL, scale)
+        path = make_jsonl(work, n)
+        data = {"samples": n, "raw_bytes": path.stat().st_size}
+    elif workload == "tokens":
         n = W.scaled(W.TOKENS_FULL, scale)
         npy = W.make_tokens(work, n)
         parquet = W.write_parquet_tokens(npy, work / "tokens.parquet")
@@ -204,7 +255,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the full workloads (1 GB tokens, 50k images)")
     ap.add_argument("--only", default="write,random", help="sections: write, random")
-    ap.add_argument("--workloads", default="tokens,images")
+    ap.add_argument("--workloads", default="tokens,images,jsonl")
     ap.add_argument("--repeat", type=int, default=1, help="write runs per writer (best is kept)")
     ap.add_argument("--reads", type=int, default=100_000)
     ap.add_argument("--anchor-reads", type=int, default=20_000, help="reads timed for the anchors (scaled)")
@@ -229,7 +280,7 @@ def main() -> None:
             if "write" in sections:
                 bench_write(workload, data, work, args.repeat, [int(x) for x in args.lit_workers.split(",")],
                             write_rows, args.writers.split(",") if args.writers else None)
-            if "random" in sections:
+            if "random" in sections and workload != "jsonl":
                 bench_random(workload, data, work, args.reads, args.anchor_reads, read_rows)
             W.rm(work / "out" / workload)
             data.clear()

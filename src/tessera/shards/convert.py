@@ -1,22 +1,31 @@
-"""`convert`: any input (JSONL, Parquet, CSV/TSV, text, image folders, Python iterables) to one MDS dataset.
+"""`convert`: any input (JSONL, Parquet, CSV/TSV, text, image folders) to one MDS dataset, in N processes.
 
-Reading and parsing spread over N processes, chunk by chunk (chunks depend only on the input, see
-`sources.py`); the writer consumes chunks strictly in order and compresses, hashes and uploads shards in
-background threads. The dataset is therefore byte-identical whatever N is, and one index is committed
-at the end.
+The input is split into chunks that depend only on the input (see `sources.py`). Each worker reads a
+whole chunk and encodes it into shard-ready bytes (`convert_worker.py`); the parent takes the chunks
+strictly in order and cuts shards from those bytes exactly where one `ShardWriter.write` per sample would
+(`ShardWriter.write_encoded`), while background threads compress, hash and upload them and one index is
+committed at the end. The dataset is therefore byte-identical whatever N is, and the parent does little
+more than slice buffers, so N processes scale until compression or storage is the limit.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import multiprocessing as mp
+import shutil
+import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from decimal import Decimal
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tessera.shards.convert_worker import ChunkJob, EncodedChunk, encode_chunk, open_body, select
 from tessera.shards.sources import Chunk, SourceError, detect_format, infer_columns, plan_chunks, read_chunk
 from tessera.shards.writer import ShardWriter
 
@@ -48,91 +57,189 @@ class ConvertSummary:
         return self.raw_bytes / 1e6 / self.seconds if self.seconds else 0.0
 
 
-def _chunk_samples(chunk: Chunk) -> list[dict[str, Any]]:
-    return list(read_chunk(chunk))
+HANDOVER_ROOT = "/dev/shm"  # tmpfs: chunk bodies cross from workers to the parent here, not through pipes
+IN_FLIGHT_PER_WORKER = 2  # chunks queued or encoded ahead of the writer, per worker (bounds memory)
 
 
-def _ordered_samples(chunks: list[Chunk], workers: int) -> Iterator[list[dict[str, Any]]]:
-    """Each chunk's samples, in chunk order, read by `workers` processes (a few chunks in flight)."""
-    if workers <= 1 or len(chunks) <= 1:
-        for chunk in chunks:
-            yield _chunk_samples(chunk)
-        return
-    ctx = mp.get_context("spawn")  # fork after threads (the uploader) is unsafe
-    with ctx.Pool(workers) as pool:
-        yield from pool.imap(_chunk_samples, chunks, chunksize=1)
+@contextlib.contextmanager
+def _spawn_without_main() -> Iterator[None]:
+    """Start worker processes without re-importing the caller's main script.
+
+    Spawned children import the parent's `__main__` first; workers only run tessera code, and the
+    `tessera` CLI's script imports every command (torch included, seconds per worker). So while processes
+    start, `__main__` shows neither `__file__` nor `__spec__`, which is how spawn decides to skip it."""
+    main = sys.modules.get("__main__")
+    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if main and key in main.__dict__}
+    try:
+        if main is not None:
+            main.__dict__.pop("__file__", None)
+            main.__dict__["__spec__"] = None
+        yield
+    finally:
+        if main is not None:
+            main.__dict__.pop("__spec__", None)
+            main.__dict__.update(saved)
 
 
-_INT = {"int", "str_int", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
-_FLOAT = {"str_float", "float16", "float32", "float64"}
+def _warm_up(fmt: str) -> None:
+    """First task of each worker: the imports happen while the parent plans the input."""
+    import tessera.shards.convert_worker  # noqa: F401
+
+    if fmt == "parquet":
+        import pyarrow.parquet  # noqa: F401
 
 
-def _coerce(sample: dict[str, Any], columns: Mapping[str, str]) -> dict[str, Any]:
-    """CSV/TSV cells are text: parse them into the type their column's encoding expects."""
-    out = dict(sample)
-    for name, enc in columns.items():
-        value = out.get(name)
-        if not isinstance(value, str):
-            continue
-        try:
-            if enc in _INT:
-                out[name] = int(value)
-            elif enc in _FLOAT:
-                out[name] = float(value)
-            elif enc == "str_decimal":
-                out[name] = Decimal(value)
-            elif enc == "json":
-                out[name] = json.loads(value)
-        except (ValueError, ArithmeticError) as exc:
-            raise SourceError(f"column {name!r} ({enc}): cannot parse {value!r}: {exc}") from None
-    return out
+def start_method() -> str:
+    """How worker processes start: "fork" when this process runs no other thread, else "spawn".
+
+    A forked worker is ready in milliseconds with everything imported; a spawned one needs about half a
+    second of CPU (interpreter, numpy, pyarrow), as long as encoding several chunks. Forking is only safe
+    while no other thread can hold a lock the child would need: `convert` forks before it starts its own
+    threads (the uploader), and only if the caller runs none (numpy and Arrow handle fork themselves).
+    From Python 3.12 on, native threads count too, as they do for its fork warning."""
+    if "fork" not in mp.get_all_start_methods() or threading.active_count() > 1:
+        return "spawn"
+    if sys.version_info >= (3, 12) and _os_threads() != 1:
+        return "spawn"
+    return "fork"
 
 
-def _select(sample: dict[str, Any], text_field: str | None) -> dict[str, Any]:
-    if text_field is None:
-        return sample
-    if text_field not in sample:
-        raise SourceError(f"no field {text_field!r} in a sample with fields {sorted(sample)}")
-    return {"text": sample[text_field]}
+def _os_threads() -> int:
+    try:
+        with open("/proc/self/stat") as stat:
+            return int(stat.read().rpartition(")")[2].split()[17])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class ChunkPool:
+    """N worker processes encoding chunks; results come in chunk order, with a bounded look-ahead.
+
+    The parent encodes the first chunk itself, as well as any it needs before every worker is up (see
+    `start_method`). When that first chunk was encoded column-wise (uniform Parquet rows: the body is
+    a slice of what Arrow read), the parent keeps encoding in-line and lets the workers go: a hop
+    between processes would cost a copy of every byte and save nothing."""
+
+    def __init__(self, workers: int, fmt: str) -> None:
+        self.workers = workers
+        self.in_line = False
+        self._may_go_in_line = fmt == "parquet"  # only Parquet chunks can be encoded column-wise
+        self.handover = _handover_dir()
+        method = start_method()
+        if method == "fork":
+            _warm_up(fmt)  # import once, before forking, rather than in every child
+        self._pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method))
+        with _spawn_without_main():
+            self._starting = [self._pool.submit(_warm_up, fmt) for _ in range(workers)]  # starts them now
+
+    def _started(self) -> bool:
+        if self._starting and all(future.done() for future in self._starting):
+            for future in self._starting:
+                future.result()  # a worker that failed to start raises here
+            self._starting = []
+        return not self._starting
+
+    def encode(self, jobs: list[ChunkJob]) -> Iterator[EncodedChunk]:
+        futures: dict[int, Future[EncodedChunk]] = {}
+        submitted = 0  # jobs before this one are submitted or were encoded in-line
+        ahead = self.workers * IN_FLIGHT_PER_WORKER
+        for i, job in enumerate(jobs):
+            if self.in_line:
+                yield encode_chunk(job)
+                continue
+            if (i > 0 or not self._may_go_in_line) and self._started():
+                while submitted < len(jobs) and submitted - i < ahead:
+                    queued = jobs[submitted]
+                    futures[submitted] = self._pool.submit(encode_chunk, replace(queued, handover=self.handover))
+                    submitted += 1
+            if i in futures:
+                yield futures.pop(i).result()
+            else:
+                submitted = i + 1
+                result = encode_chunk(job)
+                if i == 0 and result.columnar:
+                    self.in_line = True
+                    self.close(wait=False)
+                yield result
+
+    def close(self, wait: bool = True) -> None:
+        """Stop the workers; `wait=False` once every chunk is taken (they have nothing left to write)."""
+        self._pool.shutdown(wait=wait, cancel_futures=True)
+        if self.handover is not None:
+            shutil.rmtree(self.handover, ignore_errors=True)  # bodies of chunks never taken (errors)
+
+
+def _handover_dir() -> str | None:
+    try:
+        return tempfile.mkdtemp(prefix="tessera-convert-", dir=HANDOVER_ROOT)
+    except OSError:  # no tmpfs here: bodies go through the pipe
+        return None
+
+
+def _skip(sizes: np.ndarray, body: Any, count: int) -> tuple[np.ndarray, Any]:
+    """Drop the first `count` samples (kept by the interrupted write that `mode="resume"` continues)."""
+    start = int(sizes[:count].sum(dtype=np.int64))
+    return sizes[count:], memoryview(body)[start:]
 
 
 def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, columns: Mapping[str, str] | None = None,
             compression: str | None = None, hashes: Iterable[str] | None = None,
             size_limit: int | str | None = "64mb", workers: int = 1, mode: str = "create",
             text_field: str | None = None, progress: Progress | None = None) -> ConvertSummary:
-    """Convert a file or folder to an MDS dataset at `out` (a folder or any storage URL)."""
+    """Convert a file or folder to an MDS dataset at `out` (a folder or any storage URL).
+
+    `workers` processes read and encode the input; the dataset is byte-identical for any `workers`."""
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    t0 = time.perf_counter()
     path = Path(input)
     fmt = fmt or detect_format(path)
-    chunks = plan_chunks(path, fmt)
-    if not chunks:
-        raise SourceError(f"{path}: nothing to convert")
-    first_chunk = next((c for c in chunks if c), chunks[0])
-    first = next(iter(read_chunk(first_chunk)), None)
-    if first is None and columns is None:
-        raise SourceError(f"{path}: the first chunk has no samples to infer columns from; pass --columns")
-    cols = dict(columns) if columns else infer_columns(_select(first, text_field), fmt)  # type: ignore[arg-type]
-    t0 = time.perf_counter()
-    summary = ConvertSummary(str(out), fmt, cols, workers=workers)
-    text_cells = fmt in ("csv", "tsv")
-    with ShardWriter(out, cols, compression=compression, hashes=hashes, size_limit=size_limit, mode=mode) as w:
-        skip = w.resumed_samples
-        for done, samples in enumerate(_ordered_samples(chunks, workers), 1):
-            for sample in samples:
+    with contextlib.ExitStack() as stack:
+        pool = None
+        if workers > 1:
+            pool = ChunkPool(workers, fmt)
+            stack.callback(pool.close)
+        chunks = plan_chunks(path, fmt)
+        if not chunks:
+            raise SourceError(f"{path}: nothing to convert")
+        cols = dict(columns) if columns else _infer(chunks, fmt, text_field, path)
+        if pool is not None and len(chunks) == 1:
+            pool.close()  # one chunk: nothing to spread
+            pool = None
+        summary = ConvertSummary(str(out), fmt, cols, workers=workers)
+        spec = tuple(sorted(cols.items()))
+        jobs = [ChunkJob(i, chunk, spec, text_field, fmt in ("csv", "tsv")) for i, chunk in enumerate(chunks)]
+        with ShardWriter(out, cols, compression=compression, hashes=hashes, size_limit=size_limit, mode=mode) as w:
+            skip = w.resumed_samples
+            encoded = pool.encode(jobs) if pool is not None else map(encode_chunk, jobs)
+            for done, result in enumerate(encoded, 1):
+                sizes, body = result.sizes, open_body(result)
                 if skip:
-                    skip -= 1
-                    summary.skipped += 1
-                    continue
-                sample = _select(sample, text_field)
-                w.write(_coerce(sample, cols) if text_cells else sample)
-            if progress:
-                progress(w.samples_written, done)
-        entries = w.finish()
+                    dropped = min(skip, len(sizes))
+                    sizes, body = _skip(sizes, body, dropped)
+                    skip -= dropped
+                    summary.skipped += dropped
+                w.write_encoded(sizes, body)
+                if progress:
+                    progress(w.samples_written, done)
+            if pool is not None:
+                pool.close(wait=False)  # the workers exit while the last shards are stored
+            entries = w.finish()
     summary.seconds = time.perf_counter() - t0
     summary.samples = sum(e.samples for e in entries)
     summary.shards = len(entries)
     summary.raw_bytes = sum(e.raw_data.bytes for e in entries)
     summary.stored_bytes = sum(e.stored.bytes for e in entries)
     return summary
+
+
+def _infer(chunks: list[Chunk], fmt: str, text_field: str | None, path: Path) -> dict[str, str]:
+    """Column encodings from the first sample of the input."""
+    first_chunk = next((c for c in chunks if c), chunks[0])
+    first = next(iter(read_chunk(first_chunk)), None)
+    if first is None:
+        raise SourceError(f"{path}: the first chunk has no samples to infer columns from; pass --columns")
+    return infer_columns(select(first, text_field), fmt)
 
 
 def write_samples(samples: Iterable[Mapping[str, Any]], out: str | Path, columns: Mapping[str, str],

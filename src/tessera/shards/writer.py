@@ -11,22 +11,22 @@ threads (see `pipeline.py`), and the dataset is committed atomically (see `sessi
 from __future__ import annotations
 
 import logging
-import struct
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import numpy as np
+
 from tessera.shards.compression import parse_compression
 from tessera.shards.dataset import open_dataset_store
-from tessera.shards.encodings import Encoding, NDArrayEncoding, lookup_encoding
-from tessera.shards.errors import EncodeError, UnknownEncoding
+from tessera.shards.encodings import Buffer
 from tessera.shards.hashing import normalize_hashes
 from tessera.shards.index import FileInfo, ShardEntry
 from tessera.shards.layout import config_bytes
 from tessera.shards.pipeline import PendingShard, ShardTemplate, ShardUploader
+from tessera.shards.samples import SampleEncoder
 from tessera.shards.session import WriteSession, commit, plan_session, write_journal
 from tessera.shards.sizes import parse_size
 from tessera.storage import Store
@@ -34,24 +34,6 @@ from tessera.storage import Store
 DEFAULT_SIZE_LIMIT = 1 << 26
 logger = logging.getLogger(__name__)
 JOURNAL_INTERVAL = 1.0  # seconds between journal rewrites (a resume redoes at most this much work)
-
-
-@dataclass(frozen=True)
-class ColumnWriter:
-    """One column's encoder, resolved once: `size` is its fixed byte size or None (variable)."""
-
-    name: str
-    encoding: str
-    size: int | None
-    encode: Callable[[Any], Any]
-
-
-def _column_writer(name: str, encoding_name: str, label: str) -> ColumnWriter:
-    encoding: Encoding | None = lookup_encoding(encoding_name)
-    if encoding is None:
-        raise UnknownEncoding(label, name, encoding_name)
-    encode = encoding.encode_view if isinstance(encoding, NDArrayEncoding) else encoding.encode
-    return ColumnWriter(name, encoding_name, encoding.size, encode)
 
 
 def _size_limit(value: int | str | None) -> int | None:
@@ -84,10 +66,8 @@ class ShardWriter:
                  mode: str = "create", max_pending: int = 4) -> None:
         self.store = open_dataset_store(out)
         label = self.store.url
-        if not columns:
-            raise ValueError("columns must name at least one column, e.g. {'text': 'str'}")
-        self._columns = [_column_writer(name, columns[name], label) for name in sorted(columns)]
-        self._var_header = struct.Struct(f"<{sum(col.size is None for col in self._columns)}I")
+        self._encoder = SampleEncoder(columns, label)
+        self._columns = self._encoder.columns
         codec = parse_compression(compression)
         self.size_limit = _size_limit(size_limit)
         entry = ShardEntry(format="mds", samples=0, raw_data=FileInfo("-", 0), zip_data=None,
@@ -131,8 +111,10 @@ class ShardWriter:
                                  "mode='overwrite' or another folder")
 
     def _new_buffer(self) -> None:
-        self._body = bytearray()
+        self._body = bytearray()  # samples added by `write`, after the sealed parts
         self._sizes: list[int] = []
+        self._parts: list[Buffer] = []  # sealed body pieces: slices of `write_encoded` bodies, older `_body`s
+        self._sealed: list[np.ndarray] = []  # their sample sizes
         self._shard_size = self._header_size
 
     def _journal(self, confirmed: list[ShardEntry]) -> None:
@@ -145,41 +127,15 @@ class ShardWriter:
         spent = time.monotonic() - now
         self._journal_due = time.monotonic() + max(self.journal_interval, 20 * spent)
 
-    def _encode(self, sample: Mapping[str, Any]) -> tuple[list[Any], int]:
-        """The byte parts of one sample (size header first) and their total length."""
-        parts: list[Any] = [b""]
-        sizes = []
-        total = 0
-        for col in self._columns:
-            try:
-                value = sample[col.name]
-                datum = value if isinstance(value, bytes) else col.encode(value)
-            except KeyError:
-                raise EncodeError(col.name, col.encoding, "missing from the sample") from None
-            except EncodeError:
-                raise
-            except Exception as err:  # encoders raise TypeError/ValueError/OverflowError/PIL errors
-                raise EncodeError(col.name, col.encoding, str(err)) from None
-            size = len(datum)
-            if col.size is None:
-                sizes.append(size)
-            elif size != col.size:
-                raise EncodeError(col.name, col.encoding, f"encoded to {size} bytes, expected {col.size}")
-            parts.append(datum)
-            total += size
-        if sizes:
-            parts[0] = self._var_header.pack(*sizes)
-            total += len(parts[0])
-        return parts, total
-
     def write(self, sample: Mapping[str, Any]) -> None:
         """Add one sample ({column: value}); may cut the current shard and hand it to the uploader."""
         if self._closed:
             raise ValueError(f"{self.store.url}: the writer is closed")
         self._uploader.raise_if_failed()
-        parts, size = self._encode(sample)
+        parts, size = self._encoder.encode(sample)
         limit = self.size_limit
-        if limit is not None and limit < self._shard_size + size + 4 and (self._sizes or self._may_emit_empty):
+        if limit is not None and limit < self._shard_size + size + 4 and (
+                self._sizes or self._sealed or self._may_emit_empty):
             self._flush()
         self._may_emit_empty = False
         body = self._body
@@ -189,8 +145,60 @@ class ShardWriter:
         self._shard_size += size + 4
         self.samples_written += 1
 
+    def write_encoded(self, sizes: Sequence[int] | np.ndarray, body: Buffer) -> None:
+        """Add samples encoded elsewhere (by a `SampleEncoder` in a convert worker): sample i is the next
+        `sizes[i]` bytes of `body`. Shards are cut exactly where `write` would cut them, so the dataset is
+        the same bytes; `body` is sliced, not copied, and must not change until `finish`."""
+        if self._closed:
+            raise ValueError(f"{self.store.url}: the writer is closed")
+        self._uploader.raise_if_failed()
+        sizes = np.asarray(sizes, dtype=np.int64)
+        count = len(sizes)
+        view = memoryview(body).cast("B")  # slices count bytes, whatever the buffer's item type
+        ends = np.cumsum(sizes)
+        if (int(ends[-1]) if count else 0) != view.nbytes:
+            raise ValueError(f"{self.store.url}: sample sizes add up to {ends[-1] if count else 0} bytes, "
+                             f"the body has {view.nbytes}")
+        steps = ends + 4 * np.arange(1, count + 1)  # what samples [0, i] add to a shard (offsets included)
+        self._seal_tail()
+        limit = self.size_limit
+        start = 0
+        while start < count:
+            stop = count
+            if limit is not None:
+                stop = self._fitting(steps, start, limit)
+                if stop == start:  # the next sample does not fit: cut, as `write` would
+                    if self._sealed or self._may_emit_empty:
+                        self._flush()
+                        stop = self._fitting(steps, start, limit)
+                    stop = max(stop, start + 1)  # a sample larger than the limit goes alone
+            lo, hi = int(ends[start - 1]) if start else 0, int(ends[stop - 1])
+            self._parts.append(view[lo:hi])
+            self._sealed.append(sizes[start:stop])
+            self._shard_size += hi - lo + 4 * (stop - start)
+            self._may_emit_empty = False
+            self.samples_written += stop - start
+            start = stop
+
+    def _fitting(self, steps: np.ndarray, start: int, limit: int) -> int:
+        """One past the last sample from `start` on that still fits the current shard."""
+        base = int(steps[start - 1]) if start else 0
+        return max(start, int(np.searchsorted(steps, base + limit - self._shard_size, side="right")))
+
+    def _seal_tail(self) -> None:
+        """Move the samples `write` appended into the sealed parts (before a `write_encoded` batch)."""
+        if self._sizes:
+            self._parts.append(self._body)
+            self._sealed.append(np.asarray(self._sizes, dtype=np.int64))
+            self._body = bytearray()
+            self._sizes = []
+
     def _flush(self) -> None:
-        shard = PendingShard(self._next_number, self._sizes, self._body)
+        if self._parts:
+            self._seal_tail()
+            shard = PendingShard(self._next_number, np.concatenate(self._sealed), self._parts)
+        else:
+            shard = PendingShard(self._next_number, self._sizes, [self._body])
         self._next_number += 1
         self._new_buffer()
         self._uploader.submit(shard)
@@ -199,7 +207,7 @@ class ShardWriter:
         """Store the last shard, wait for all uploads, then commit index.json. Returns the index's shards."""
         if self._closed:
             raise ValueError(f"{self.store.url}: the writer is closed")
-        if self._sizes:
+        if self._sizes or self._sealed:
             self._flush()
         self._closed = True
         try:
@@ -219,7 +227,7 @@ class ShardWriter:
         if self._closed:
             return
         self._closed = True
-        self._body = bytearray()
+        self._new_buffer()
         self._uploader.close()
         self._journal_confirmed()
 
