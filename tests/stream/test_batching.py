@@ -240,8 +240,8 @@ def test_state_of_another_batching_method_or_batch_size_is_refused(data: Path) -
         make(data, "stratified", G // 2).load_state_dict(strat)
     with pytest.raises(ValueError, match="global batch boundaries"):
         make(data, "per_stream", G).state_dict(G + 1)
-    with pytest.raises(NotImplementedError):
-        make(data, "device_per_stream", G)
+    with pytest.raises(PlanStateMismatch, match="batching_method"):
+        make(data, "device_per_stream", G).load_state_dict(strat)
     with pytest.raises(ValueError, match="unknown batching_method"):
         make(data, "roundrobin", G)
     with pytest.raises(ValueError, match="number of streams"):

@@ -29,7 +29,7 @@ from tessera.shards.reader import ShardReader  # noqa: E402
 from tessera.storage import NotFound  # noqa: E402
 from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
 from tessera.stream.forksafe import call_in_fork  # noqa: E402
-from tessera.stream.gather import BatchRefs, all_fixed_size, gather  # noqa: E402
+from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather  # noqa: E402
 from tessera.stream.schedule import DeviceLayout, WorkerBatches  # noqa: E402
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -75,20 +75,48 @@ def test_gather_over_several_shards_equals_reading_samples_one_by_one(tmp_path: 
     def reader(shard: int) -> ShardReader:
         return readers.setdefault(shard, ds._reader(shard))
 
-    rng = np.random.default_rng(3)
-    ids = rng.permutation(200)
-    for lo in range(0, 200, 40):
-        shards, rows = ds._locate(ids[lo:lo + 40])
-        assert len(set(shards.tolist())) > 1
+    def check(batch_ids: np.ndarray) -> dict:
+        shards, rows = ds._locate(batch_ids)
         batch = gather(reader, shards, rows)
         for j, (shard, row) in enumerate(zip(shards.tolist(), rows.tolist(), strict=True)):
             one = reader(shard).get(row)
             assert set(batch) == set(one)
             for name, value in one.items():
                 assert np.array_equal(np.asarray(batch[name][j]), np.asarray(value)), name
+        return batch
+
+    rng = np.random.default_rng(3)
+    ids = rng.permutation(200)
+    for lo in range(0, 200, 40):  # ~5 rows per shard: copied row by row
+        assert len(set(ds._locate(ids[lo:lo + 40])[0].tolist())) > 1
+        check(ids[lo:lo + 40])
+    first = int(ds._shard_base[1])
+    few = ids[ids < 2 * first + 5]  # two or three shards, many rows each: a gather + scatter per shard
+    assert 1 < len(set(ds._locate(few)[0].tolist())) <= 3
+    held = check(few)
+    kept = {name: np.array(v, copy=True) for name, v in held.items()}
+    check(few[::-1])  # a second batch while the first is held: pooled outputs are not reused under it
+    assert all(np.array_equal(held[name], kept[name]) for name in kept)
+    check(ids[ids < first])  # one shard: one copy
     refs = BatchRefs.of([ds._locate(ids[:5]), ds._locate(ids[5:12])])
     assert [len(s) for s, _ in refs.batches()] == [5, 7]
     assert np.array_equal(np.concatenate([r for _, r in refs.batches()]), ds._locate(ids[:12])[1])
+
+
+def test_output_pool_reuses_an_array_only_once_nothing_else_holds_it() -> None:
+    pool = OutputPool(max_bytes=3 * 64 * 8)
+    a = pool.empty((8, 8), np.dtype(np.int64))
+    a_id = id(a)
+    b = pool.empty((8, 8), np.dtype(np.int64))
+    assert b is not a  # `a` is held
+    view = a[2:4]
+    del a
+    c = pool.empty((8, 8), np.dtype(np.int64))
+    assert id(c) != a_id and c is not b  # a view of `a` still holds it
+    del view, c
+    assert id(pool.empty((8, 8), np.dtype(np.int64))) == a_id  # released: reused
+    held = [pool.empty((8, 8), np.dtype(np.int64)) for _ in range(4)]
+    assert len({id(x) for x in held}) == 4 and pool.pooled <= pool.max_bytes  # past the bound: plain arrays
 
 
 # --- fork safety ---------------------------------------------------------------------------------------

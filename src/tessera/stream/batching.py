@@ -26,6 +26,8 @@ The positions of a global batch are split among ranks as for "random": "per_stre
 `rank_positions` on S_s (lane-aware), "stratified" splits the G concatenated positions contiguously, so
 the set of samples in global batch t is the same for every layout. DataLoader workers take a rank's
 batches round-robin. Resume state: ``samples_consumed = t * G``, with the batching method and G in it.
+
+"device_per_stream" (every per-device batch from one stream) is in `device_per_stream.py`.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ from fractions import Fraction
 import numpy as np
 
 from tessera.stream.mixing import StreamShards
-from tessera.stream.plan import EpochPlan, PlanConfig, RunPlan
+from tessera.stream.plan import EpochPlan, PlanConfig, PlanStateMismatch, RunPlan
 from tessera.stream.schedule import DeviceLayout, ShardNeed, WorkerBatches, rank_positions
 from tessera.stream.shuffle import derive_key
 
-BATCHING_METHODS = ("random", "stratified", "per_stream")
-UNSUPPORTED_BATCHING = ("device_per_stream",)
+BATCHING_METHODS = ("random", "stratified", "per_stream", "device_per_stream")
+UNSUPPORTED_BATCHING: tuple[str, ...] = ()
 TAG_BATCHING_STREAM = 9  # per-stream seed of the stream plans (shuffle.py uses tags 1-8)
 _CHUNK_SAMPLES = 16384
 
@@ -54,6 +56,35 @@ def check_batching_method(method: str) -> str:
     if method not in BATCHING_METHODS:
         raise ValueError(f"unknown batching_method {method!r}; use one of {BATCHING_METHODS}")
     return method
+
+
+def check_batching_settings(method: str, choose: list[int], global_batch_size: int, device_batch_size: int) -> None:
+    """Settings a batching method cannot serve raise ValueError at construction, before any download."""
+    if method == "stratified":
+        stratified_counts(choose, global_batch_size)
+    elif method == "device_per_stream":
+        from tessera.stream.device_per_stream import check_device_batches  # imports this module
+
+        check_device_batches(choose, device_batch_size)
+
+
+def resume_unit(method: str, global_batch_size: int, device_batch_size: int) -> int:
+    """Samples consumed must be a multiple of this to resume: a global batch, or a device batch for
+    device_per_stream (whose device-batch sequence does not depend on the world size)."""
+    return device_batch_size if method == "device_per_stream" else global_batch_size
+
+
+def check_resume_batching(obj: dict, method: str, global_batch_size: int, device_batch_size: int) -> None:
+    """Refuse (PlanStateMismatch) a state whose batch grid differs: stratified and per_stream need the same
+    global batch size, device_per_stream the same per-device batch size (any world size)."""
+    if method == "random":
+        return
+    key, ours = (("device_batch_size", device_batch_size) if method == "device_per_stream"
+                 else ("global_batch_size", global_batch_size))
+    theirs = obj.get(key, ours)
+    if theirs != ours:
+        raise PlanStateMismatch(f"resume state has {key}={theirs} but this run has {ours}: "
+                                f"batching_method={method!r} resumes only with the same {key}")
 
 
 class StreamPlans:
@@ -80,7 +111,14 @@ class StreamPlans:
     def epoch(self, epoch: int) -> list[EpochPlan]:
         return [p.epoch(epoch) for p in self.plans]
 
-    def schedule(self, method: str, epoch: int, global_batch_size: int, start: int = 0) -> StreamSchedule:
+    def schedule(self, method: str, epoch: int, global_batch_size: int, start: int = 0,
+                 device_batch_size: int | None = None) -> StreamSchedule:
+        if method == "device_per_stream":
+            from tessera.stream.device_per_stream import DevicePerStreamSchedule  # imports this module
+
+            if device_batch_size is None:
+                raise ValueError("batching_method='device_per_stream' needs the device batch size")
+            return DevicePerStreamSchedule(self, self.epoch(epoch), global_batch_size, start, device_batch_size)
         cls = {"stratified": StratifiedSchedule, "per_stream": PerStreamSchedule}[method]
         return cls(self, self.epoch(epoch), global_batch_size, start)
 

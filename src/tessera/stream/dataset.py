@@ -7,8 +7,8 @@ module only does I/O around it: which shard to fetch next, reading samples, and 
 Global batch t of an epoch is S[start + t*G : start + (t+1)*G] with G = batch_size * data-parallel
 ranks, whatever the number of nodes, ranks or DataLoader workers. The last global batch is completed
 by wrapping around to the start of S (counted in `padding`), so every rank gets the same number of
-samples and DDP never waits on a rank that ran out. That is batching_method="random"; "stratified"
-and "per_stream" build their global batches from one sequence per stream (`batching.py`).
+samples and DDP never waits on a rank that ran out. That is batching_method="random"; "stratified",
+"per_stream" and "device_per_stream" use one sequence per stream (`batching.py`, `device_per_stream.py`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,12 @@ from torch.utils.data import IterableDataset
 from tessera.shards.encodings import lookup_encoding
 from tessera.shards.reader import ShardReader
 from tessera.shards.sizes import parse_size
-from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method, stratified_counts
+from tessera.stream import batching
+from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method
 from tessera.stream.cache import CacheLimitError, raise_open_file_limit
 from tessera.stream.gather import BatchRefs, gather
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
-from tessera.stream.prefetch import Prefetcher
+from tessera.stream.prefetch import NoPrefetch, Prefetcher
 from tessera.stream.schedule import BatchSchedule, DeviceLayout, rank_positions
 from tessera.stream.state import StageTimes, check_resume_state, make_state
 from tessera.stream.streams import LoadedStream, Stream, load_stream, local_root_of
@@ -103,8 +104,8 @@ class StreamingDataset(IterableDataset):
                                   dataset_fingerprint=":".join(st.fingerprint for st in self.streams))
         self._run = RunPlan([st.shards() for st in self.streams], self._config)
         self._stream_plans: StreamPlans | None = None  # batching_method other than "random" (batching.py)
-        if self.batching_method == "stratified":  # G below the number of streams: an error before any download
-            stratified_counts([c for c in self._run.units.choose.tolist() if c > 0], self.global_batch_size(world))
+        batching.check_batching_settings(self.batching_method, [c for c in self._run.units.choose.tolist() if c > 0],
+                                         self.global_batch_size(world), self.batch_size)  # before any download
         self._epoch = 0
         self._resume: PlanState | None = None
         self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
@@ -179,7 +180,7 @@ class StreamingDataset(IterableDataset):
         """The schedule of a batching_method other than "random" (see batching.py)."""
         if self._stream_plans is None or self._stream_plans.run is not self._run:
             self._stream_plans = StreamPlans(self._run)
-        return self._stream_plans.schedule(self.batching_method, epoch, G, start)
+        return self._stream_plans.schedule(self.batching_method, epoch, G, start, self.batch_size)
 
     def _epoch_samples(self, epoch: int, G: int) -> int:
         """Positions served in an epoch before the wrap-around of its last global batch."""
@@ -268,12 +269,14 @@ class StreamingDataset(IterableDataset):
             return {**state, "batching_method": "random"}
         G = self.global_batch_size()
         consumed = min(consumed, self._epoch_samples(epoch, G))
-        if consumed % G:
+        unit = batching.resume_unit(self.batching_method, G, self.batch_size)
+        if consumed % unit:
             raise ValueError(f"batching_method={self.batching_method!r} resumes at global batch boundaries: "
-                             f"{consumed} samples is not a multiple of the global batch size {G}")
+                             f"{consumed} samples is not a multiple of {unit} (global batch size {G})")
         state = make_state(self._run, epoch, 0)
         return {**state, "samples_consumed": consumed, "sample_in_epoch": consumed,
-                "batching_method": self.batching_method, "global_batch_size": G}
+                "batching_method": self.batching_method, "global_batch_size": G,
+                "device_batch_size": self.batch_size}
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         """Continue the global order exactly where `obj` stopped, on any world size or worker count."""
@@ -282,11 +285,7 @@ class StreamingDataset(IterableDataset):
         if saved != self.batching_method:
             raise PlanStateMismatch(f"resume state has batching_method={saved!r} but this run has "
                                     f"{self.batching_method!r}")
-        if self.batching_method != "random" and obj.get("global_batch_size", self.global_batch_size()) \
-                != self.global_batch_size():
-            raise PlanStateMismatch(f"resume state has global_batch_size={obj['global_batch_size']} but this run "
-                                    f"has {self.global_batch_size()}: batching_method={self.batching_method!r} "
-                                    "resumes only with the same global batch size")
+        batching.check_resume_batching(obj, self.batching_method, self.global_batch_size(), self.batch_size)
         if state.num_lanes != self._config.num_lanes or state.block_size != self._config.block_size:
             self._config = PlanConfig(**{**self._config.__dict__, "num_lanes": state.num_lanes,
                                          "shuffle_block_size": state.block_size})
@@ -331,6 +330,8 @@ class StreamingDataset(IterableDataset):
             yield from zip(ts.tolist(), ids, strict=True)
 
     def _prefetcher(self, sched: BatchSchedule | StreamSchedule, layout: DeviceLayout) -> Prefetcher:
+        if all(st.remote_store is None for st in self.streams):  # local-only: nothing to fetch (prefetch.py)
+            return NoPrefetch()
         window = self.predownload if self.predownload is not None else max(8 * self.batch_size, 512)
         return Prefetcher(sched.shard_order(layout), self._prefetch, self._path, window, warm_up=self._warm_up)
 
@@ -380,7 +381,7 @@ class StreamingDataset(IterableDataset):
         pending: list[tuple[np.ndarray, np.ndarray]] = []
         for shards, local, prefetcher in self._epoch_batches(group):
             t0 = time.perf_counter()
-            for shard in np.unique(shards).tolist():
+            for shard in dict.fromkeys(shards.tolist()):  # (cheaper than np.unique for a batch)
                 self._reader(shard, prefetcher)  # present, pinned and open before anyone is told
             pending.append((shards, local))
             self.stage_times.decode += time.perf_counter() - t0
