@@ -75,7 +75,10 @@ def main() -> None:
                     "tessera": lambda: store.put_file(key, src),
                     "boto3": lambda: boto.upload_file(str(src), "bench", f"objects/{key}-b", Config=SINGLE),
                 }, args.repeats)
-                time.sleep(1.0)  # let the server settle after the overwrites before timing reads
+                # The PUTs above leave GBs of dirty pages (the server's volume files) that the kernel
+                # flushes for seconds; timing GETs during that flush measures the disk, not the client.
+                os.sync()
+                time.sleep(1.0)
                 gets = interleaved({
                     "tessera": lambda: download(store.url_for(key), out),
                     "boto3": lambda: boto.download_file("bench", f"objects/{key}-b", str(out), Config=SINGLE),
