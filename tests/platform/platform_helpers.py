@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,3 +49,13 @@ class SlurmCluster:
 
     def add_to(self, platform: Platform, name: str = "slurm") -> None:
         platform.add_cluster(name, "slurm", slurm_conf=str(self.conf))
+
+    @contextmanager
+    def node_down(self, node: str) -> Iterator[None]:
+        """Take `node` down as a failing machine would be (Slurm kills its jobs: NODE_FAIL), and bring it
+        back afterwards so later tests find a healthy cluster."""
+        self.run("scontrol", "update", f"nodename={node}", "state=down", "reason=tessera-fault-test")
+        try:
+            yield
+        finally:
+            self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)

@@ -109,11 +109,8 @@ def test_a_slurm_node_taken_down_mid_run_is_excluded_and_the_run_resumes(
     first_checkpoint(tmp_path)
     [victim] = wait_for(lambda: platform.get_run("nodedown").resumptions[0].nodes, timeout=TIMEOUT,
                         what="the job's node")
-    slurm_cluster.run("scontrol", "update", f"nodename={victim}", "state=down", "reason=tessera-fault-test")
-    try:
+    with slurm_cluster.node_down(victim):
         run = platform.wait_for_run_status("nodedown", "COMPLETED", timeout=TIMEOUT)
-    finally:
-        slurm_cluster.run("scontrol", "update", f"nodename={victim}", "state=resume", check=False)
     first, second = run.resumptions
     assert (first.outcome, first.status) == ("node_fault", "NODE_FAIL") and victim in first.detail
     assert second.cause.startswith("retry after node_fault") and second.nodes and victim not in second.nodes

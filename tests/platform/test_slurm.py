@@ -75,11 +75,8 @@ def test_node_down_mid_run_is_excluded_and_the_run_resumes(platform: Platform, s
                          "compute": {"cluster": "slurm", "nodes": 2}, "scheduling": {"max_retries": 0}})
     wait_for(lambda: len(steps_done(state)) >= 8, timeout=TIMEOUT, what="a few steps on two nodes")
     victim = platform.get_run("nodedown").resumptions[0].nodes[1]
-    slurm_cluster.run("scontrol", "update", f"nodename={victim}", "state=down", "reason=tessera-test")
-    try:
+    with slurm_cluster.node_down(victim):
         run = platform.wait_for_run_status("nodedown", "COMPLETED", timeout=TIMEOUT)
-    finally:
-        slurm_cluster.run("scontrol", "update", f"nodename={victim}", "state=resume", check=False)
     first, second = run.resumptions
     assert first.outcome == "node_fault" and first.status == "NODE_FAIL" and victim in first.detail
     assert second.cause.startswith("retry after node_fault") and victim not in second.nodes

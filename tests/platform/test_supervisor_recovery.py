@@ -86,12 +86,8 @@ def test_exclusion_leaving_too_few_nodes_fails_the_run_with_the_cause(
     platform.create_run(spec("wide", trainer_command(state, "--steps 1000 --step-time 0.05"), "slurm", nodes=3))
     wait_for(lambda: len(steps_done(state)) >= 3, timeout=TIMEOUT, what="a few steps on three nodes")
     victim = platform.get_run("wide").resumptions[0].nodes[2]
-    slurm_cluster.run("scontrol", "update", f"nodename={victim}", "state=down", "reason=tessera-capacity-test")
-    try:
-        with pytest.raises(RunFailed, match="needs 3 node"):
-            platform.wait_for_run_status("wide", "COMPLETED", timeout=TIMEOUT)
-    finally:
-        slurm_cluster.run("scontrol", "update", f"nodename={victim}", "state=resume", check=False)
+    with slurm_cluster.node_down(victim), pytest.raises(RunFailed, match="needs 3 node"):
+        platform.wait_for_run_status("wide", "COMPLETED", timeout=TIMEOUT)
     run = platform.get_run("wide")
     assert run.status == "FAILED" and run.failure_kind == "insufficient_nodes"
     assert f"1 of them excluded ({victim} after 1 fault(s)" in run.first_error
