@@ -11,7 +11,8 @@ Sections (--only, comma separated; default all):
            its StreamingDataLoader.
 - remote:  SeaweedFS on loopback (tests/s3server.py), cold cache (a fresh, empty cache folder per run; mosaic's
            /dev/shm cleaned), DataLoader with 2 workers: samples/s over the epoch and time to first batch
-           (from constructing the dataset, index download included).
+           (from constructing the dataset, index download included). Tessera also runs the batch path with
+           `ranged_reads=False` (its cold start without ranged reads, docs/streaming.md), for comparison.
 - resume:  local dataset, time to first batch after load_state_dict at 50% of the epoch vs a fresh start
            (construction + load + first batch), main process and 2 workers; Tessera and mosaic. Median of
            --repeat.
@@ -227,12 +228,12 @@ class Env:
 
 
 # --- readers: (dataset factory, loader factory) per library ------------------------------------------------------
-def tessera_dataset(src: Path | str, cache: Path | None) -> Any:
+def tessera_dataset(src: Path | str, cache: Path | None, **kwargs: Any) -> Any:
     from tessera.stream import StreamingDataset
 
     if isinstance(src, Path):
-        return StreamingDataset(local=str(src), shuffle=True, batch_size=BATCH)
-    return StreamingDataset(remote=src, local=str(cache), shuffle=True, batch_size=BATCH)
+        return StreamingDataset(local=str(src), shuffle=True, batch_size=BATCH, **kwargs)
+    return StreamingDataset(remote=src, local=str(cache), shuffle=True, batch_size=BATCH, **kwargs)
 
 
 def mosaic_dataset(src: Path | str, cache: Path | None) -> Any:
@@ -374,8 +375,8 @@ def section_remote(env: Env, data: dict[str, Any], args: argparse.Namespace, res
     wl = data["workload"]
     urls = env.upload(data)
     rows = []
-    runs = [("tessera", "per-sample"), ("tessera", "batch"), ("mosaic", "per-sample"), ("litdata", "per-sample"),
-            ("litdata", "batch_decode=all")]
+    runs = [("tessera", "per-sample"), ("tessera", "batch"), ("tessera", "batch ranged_reads=False"),
+            ("mosaic", "per-sample"), ("litdata", "per-sample"), ("litdata", "batch_decode=all")]
     for lib, path in [r for r in runs if r[0] in args.libs]:
         cap = args.max_samples
         if (lib, path) == ("litdata", "per-sample") and args.slow_cap:  # ~400 samples/s on tokens: a partial epoch
@@ -419,9 +420,11 @@ def child_remote_run(spec: dict[str, Any]) -> dict[str, Any]:
     W.mosaic()
     import litdata  # noqa: F401  (imports outside the timed region, as in the parent)
 
-    make = {"tessera": lambda: tessera_dataset(url, cache), "mosaic": lambda: mosaic_dataset(url, cache),
+    ranged = "ranged_reads=False" not in spec["path"]  # Tessera's cold start without ranged reads, to compare
+    make = {"tessera": lambda: tessera_dataset(url, cache, ranged_reads=ranged),
+            "mosaic": lambda: mosaic_dataset(url, cache),
             "litdata": lambda: litdata_dataset(url, cache, spec["path"] == "batch_decode=all")}[lib]
-    batch_path = spec["path"] == "batch"
+    batch_path = spec["path"] in ("batch", "batch ranged_reads=False")
     try:
         return run(f"{wl} remote cold {lib} {spec['path']}", lambda: loader(lib, make(), wl, WORKERS, batch_path),
                    batch_len, spec.get("max_samples"), memory=True)

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -30,7 +31,7 @@ from tessera.storage import NotFound  # noqa: E402
 from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
 from tessera.stream.forksafe import call_in_fork  # noqa: E402
 from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather  # noqa: E402
-from tessera.stream.schedule import DeviceLayout, WorkerBatches  # noqa: E402
+from tessera.stream.schedule import DeviceLayout, WorkerBatches, group_sizes  # noqa: E402
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -53,7 +54,9 @@ def test_worker_groups_read_round_robin_give_every_batch_once_in_order(first: in
         if as_list:
             assert seq[len(seq) - 1] == as_list[-1] and seq[-1] == as_list[-1]
     # A DataLoader takes one item (a group) from each worker in turn, skipping exhausted ones.
-    items = [[as_list[i:i + group] for i in range(0, len(as_list), group)] for as_list in map(list, lists)]
+    # Groups are 1, 2, 4, ... batches while below `group`, then `group` (group_sizes).
+    items = [[c for g in itertools.islice(group_sizes(group), len(seq) + 1)
+              if (c := list(itertools.islice(it, g)))] for seq in lists for it in [iter(list(seq))]]
     served, turn = [], [0] * readers
     while any(turn[w] < len(items[w]) for w in range(readers)):
         for w in range(readers):

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import xxhash
 
@@ -47,6 +48,21 @@ def raise_open_file_limit() -> None:
 
 class CacheLimitError(RuntimeError):
     """The cache limit is too small to hold what training needs at once."""
+
+
+def largest_shard(streams: list[Any]) -> int:
+    """Cache bytes one shard of these (loaded) streams needs at most (raw + compressed while decompressed)."""
+    return max((e.raw_data.bytes + (e.zip_data.bytes if e.zip_data else 0)
+                for st in streams if st.remote_store is not None for e in st.entries), default=0)
+
+
+def check_cache_limit(cache_limit: int | None, streams: list[Any]) -> None:
+    """A limit below twice the largest shard could not make progress: an error at construction."""
+    biggest = largest_shard(streams)
+    if cache_limit is not None and cache_limit < 2 * biggest:
+        raise CacheLimitError(f"cache_limit={cache_limit} bytes is below twice the largest shard "
+                              f"({biggest} bytes, raw + compressed): training could not make progress; "
+                              f"raise cache_limit to at least {2 * biggest}")
 
 
 def entry_stamp(entry: ShardEntry) -> str:

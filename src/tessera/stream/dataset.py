@@ -14,6 +14,7 @@ samples and DDP never waits on a rank that ran out. That is batching_method="ran
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import os
 import sys
@@ -31,13 +32,14 @@ from tessera.shards.reader import ShardReader
 from tessera.shards.sizes import parse_size
 from tessera.stream import batching
 from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method
-from tessera.stream.cache import CacheLimitError, raise_open_file_limit
+from tessera.stream.cache import check_cache_limit, largest_shard, raise_open_file_limit
 from tessera.stream.gather import BatchRefs, gather
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.prefetch import NoPrefetch, Prefetcher
-from tessera.stream.schedule import BatchSchedule, DeviceLayout, rank_positions
+from tessera.stream.ranged import RangedReads
+from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes, rank_positions
 from tessera.stream.state import StageTimes, check_resume_state, make_state
-from tessera.stream.streams import LoadedStream, Stream, load_stream, local_root_of
+from tessera.stream.streams import LoadedStream, Stream, check_unsafe_columns, load_stream, local_root_of
 from tessera.stream.world import World
 
 # Shards kept memory-mapped (and pinned) per reader process. A shuffle block spans many shards, so this
@@ -59,7 +61,8 @@ class StreamingDataset(IterableDataset):
                  num_canonical_nodes: int | None = None, batch_size: int | None = None, shuffle: bool = False,
                  shuffle_algo: str = "py1e", shuffle_seed: int = 9176, shuffle_block_size: int | None = None,
                  batching_method: str = "random", allow_unsafe_types: bool = False,
-                 replication: int | None = None, columns: Sequence[str] | None = None) -> None:
+                 replication: int | None = None, columns: Sequence[str] | None = None,
+                 ranged_reads: bool = True) -> None:
         if streams and (remote is not None or local is not None):
             raise ValueError("pass either streams=[...] or remote/local, not both")
         if sampling_granularity != 1:
@@ -87,12 +90,13 @@ class StreamingDataset(IterableDataset):
             load_stream(s, download_retry=download_retry, download_timeout=download_timeout,
                         validate_hash=validate_hash, keep_zip=keep_zip, cache_limit=self.cache_limit,
                         peer_roots=roots) for s in specs]
-        self._check_cache_limit()
+        check_cache_limit(self.cache_limit, self.streams)
         self._max_open = OPEN_READERS
         if self.cache_limit is not None:
-            self._max_open = max(1, min(OPEN_READERS, self.cache_limit // max(1, self._largest_shard()) - 1))
-        self._check_safety()
+            self._max_open = max(1, min(OPEN_READERS, self.cache_limit // max(1, largest_shard(self.streams)) - 1))
+        check_unsafe_columns(self.streams, self.columns, allow_unsafe_types)
         self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
+        self._ranged = RangedReads(self.streams, self._entries, ranged_reads, self.columns, allow_unsafe_types)
         sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
         self._shard_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         # MosaicML's default (64 lanes per node), but never more lanes than samples.
@@ -121,30 +125,6 @@ class StreamingDataset(IterableDataset):
     def _check_world(self, world: World) -> None:
         if world.world_size % self.replication:
             raise ValueError(f"replication={self.replication} does not divide world size {world.world_size}")
-
-    def _largest_shard(self) -> int:
-        """Cache bytes one shard needs at most (raw + compressed while it is decompressed)."""
-        return max((e.raw_data.bytes + (e.zip_data.bytes if e.zip_data else 0)
-                    for st in self.streams if st.remote_store is not None for e in st.entries), default=0)
-
-    def _check_cache_limit(self) -> None:
-        if self.cache_limit is None:
-            return
-        biggest = self._largest_shard()
-        if self.cache_limit < 2 * biggest:
-            raise CacheLimitError(f"cache_limit={self.cache_limit} bytes is below twice the largest shard "
-                                  f"({biggest} bytes, raw + compressed): training could not make progress; "
-                                  f"raise cache_limit to at least {2 * biggest}")
-
-    def _check_safety(self) -> None:
-        if self.allow_unsafe_types:
-            return
-        for st in self.streams:
-            for entry in st.entries[:1]:
-                for name, enc in zip(entry.column_names, entry.column_encodings, strict=True):
-                    if enc == "pkl" and (self.columns is None or name in self.columns):
-                        raise ValueError(f"{st.label}: column {name!r} is pkl (unpickling runs code from the "
-                                         "data); pass allow_unsafe_types=True if you trust it")
 
     # --- sizes --------------------------------------------------------------------------------------
     @property
@@ -204,6 +184,7 @@ class StreamingDataset(IterableDataset):
     def _prefetch(self, shard: int, rank_of: Any = None) -> Path | None:
         """Fetch ahead of the reader only if it fits under cache_limit without passing it (else None)."""
         si, sh = self._entries[shard]
+        self._ranged.wait_turn()  # the first batch's ranged reads go first (ranged.py)
         return self.streams[si].cache.fetch(self.streams[si].entries[sh], rank_of, optional=True)
 
     def _reader(self, shard: int, prefetcher: Prefetcher | None = None) -> ShardReader:
@@ -211,6 +192,8 @@ class StreamingDataset(IterableDataset):
         if hit is not None:
             self._readers.move_to_end(shard)
             return hit[0]
+        if prefetcher is not None and self._ranged.on_miss(self._readers, shard, prefetcher):
+            return self._readers[shard][0]  # served by ranged reads while its download runs (ranged.py)
         t0 = time.perf_counter()
         si, sh = self._entries[shard]
         # Pin first, then make sure the shard is present: a shard fetched earlier (by the prefetcher or
@@ -347,14 +330,17 @@ class StreamingDataset(IterableDataset):
         prefetcher = self._prefetcher(sched, layout)
         done = 0
         try:
-            for _, ids in self._batches(sched, layout):
-                shards, local = self._locate(ids)
-                yield shards, local, prefetcher
-                done += len(ids)
-                prefetcher.advance(done)
+            batches, sizes = self._batches(sched, layout), group_sizes(group)  # a worker's groups (DataLoader items)
+            while chunk := [self._locate(ids) for _, ids in itertools.islice(batches, next(sizes))]:
+                self._ranged.batch(self._readers, chunk, prefetcher)  # a worker's group of batches at once
+                for shards, local in chunk:
+                    yield shards, local, prefetcher
+                    done += len(shards)
+                    prefetcher.advance(done)
         finally:
             prefetcher.close()
             self._close_readers()
+            self._ranged.close()
             if os.environ.get("TESSERA_STREAM_PROFILE"):
                 print(f"[tessera.stream] {self.stage_times.report(self.streams)}", file=sys.stderr)
 
@@ -379,21 +365,26 @@ class StreamingDataset(IterableDataset):
             yield from ([batch] for batch in self.iter_batches())
             return
         pending: list[tuple[np.ndarray, np.ndarray]] = []
+        data: dict[int, dict[str, Any]] = {}  # batches gathered here: a shard served by ranged reads
+        sizes = group_sizes(group)
+        size = next(sizes)
         for shards, local, prefetcher in self._epoch_batches(group):
             t0 = time.perf_counter()
             for shard in dict.fromkeys(shards.tolist()):  # (cheaper than np.unique for a batch)
                 self._reader(shard, prefetcher)  # present, pinned and open before anyone is told
+            if self._ranged.sparse and self._ranged.sparse.keys() & set(shards.tolist()):  # not in the cache
+                data[len(pending)] = gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local)
             pending.append((shards, local))
             self.stage_times.decode += time.perf_counter() - t0
-            if len(pending) == group:
-                yield BatchRefs.of(pending)
-                pending = []
+            if len(pending) == size:
+                yield BatchRefs.of(pending, data)
+                pending, data, size = [], {}, next(sizes)
         if pending:
-            yield BatchRefs.of(pending)
+            yield BatchRefs.of(pending, data)
 
     def gather_refs(self, refs: BatchRefs) -> Iterator[dict[str, Any]]:
         """The batches a worker named, gathered from this process's own mapping of the cache files."""
-        for shards, rows in refs.batches():
+        for shards, rows, given in refs.items():
             t0 = time.perf_counter()
-            yield gather(self._reader, shards, rows)
+            yield given if given is not None else gather(self._reader, shards, rows)
             self.stage_times.decode += time.perf_counter() - t0  # includes the consumer's time, as above

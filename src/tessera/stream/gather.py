@@ -74,15 +74,25 @@ class BatchRefs:
     shards: np.ndarray  # int64, all samples of all batches, in order
     rows: np.ndarray  # int64, same length
     ends: tuple[int, ...]  # end offset of each batch in `shards` / `rows`
+    # Batches the worker gathered itself (their index in the group -> the batch): those with a shard not yet
+    # in the cache, whose rows came by ranged reads (ranged.py) and cannot be read from the cache files.
+    data: dict[int, dict[str, Any]] | None = None
 
     @classmethod
-    def of(cls, batches: Sequence[tuple[np.ndarray, np.ndarray]]) -> BatchRefs:
+    def of(cls, batches: Sequence[tuple[np.ndarray, np.ndarray]],
+           data: dict[int, dict[str, Any]] | None = None) -> BatchRefs:
         ends = tuple(np.cumsum([len(s) for s, _ in batches]).tolist())
-        return cls(np.concatenate([s for s, _ in batches]), np.concatenate([r for _, r in batches]), ends)
+        return cls(np.concatenate([s for s, _ in batches]), np.concatenate([r for _, r in batches]), ends,
+                   data or None)
 
     def batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
         starts = (0, *self.ends[:-1])
         return [(self.shards[a:b], self.rows[a:b]) for a, b in zip(starts, self.ends, strict=True)]
+
+    def items(self) -> list[tuple[np.ndarray, np.ndarray, dict[str, Any] | None]]:
+        """(shards, rows, the batch if the worker sent it gathered, else None) per batch."""
+        data = self.data or {}
+        return [(s, r, data.get(i)) for i, (s, r) in enumerate(self.batches())]
 
 
 def all_fixed_size(entries: Sequence[ShardEntry], columns: Sequence[str] | None) -> bool:

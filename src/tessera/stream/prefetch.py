@@ -71,6 +71,12 @@ class Prefetcher:
         future = self._futures.get(shard)
         return future.result() if future is not None else None
 
+    def pending(self, shard: int) -> bool:
+        """Whether this prefetcher has not finished fetching `shard` (not yet started, queued, or waiting
+        for another process's download of it): ranged reads may serve its samples meanwhile (ranged.py)."""
+        future = self._futures.get(shard)
+        return future is None or not future.done()
+
     def _run(self) -> None:
         for need in self._needs:
             with self._cond:
@@ -115,6 +121,9 @@ class NoPrefetch(Prefetcher):
 
     def wait_for(self, shard: int) -> Path | None:
         return None
+
+    def pending(self, shard: int) -> bool:
+        return False
 
     def close(self) -> None:
         """No thread to stop."""

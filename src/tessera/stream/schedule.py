@@ -58,23 +58,44 @@ class WorkerBatches:
     round-robin, so it receives groups 0, 1, 2, ... and hence batches in order; with k > 1 one
     DataLoader item carries k batches (per-item overhead of torch's worker queues paid once per k).
     k = 1 is plain round-robin over batches. Never materialised: O(1) memory at any epoch size.
+
+    With k > 1 the first rounds are smaller (`group_sizes`: 1, 2, 4, ... batches per worker, then k), so
+    the first DataLoader items come quickly on a cold cache (ranged.py serves them sample by sample).
     """
 
     def __init__(self, first: int, total: int, layout: DeviceLayout) -> None:
         self.first, self.k, self.readers = first, layout.group, max(1, layout.num_workers)
         self.worker = layout.worker_id
-        n = max(0, total - first)
+        self.ramp = (self.k - 1).bit_length()  # rounds of 1, 2, 4, ... < k batches per worker
+        self._ramp_batches = self.readers * ((1 << self.ramp) - 1)  # all workers' batches in those rounds
+        self._len = int(sum(np.clip(total - first - self._group_start(np.array([c])), 0, self._size(c))[0]
+                            for c in range(self.worker, self.readers * self.ramp, self.readers)))
+        n = max(0, total - first - self._ramp_batches)
         groups = -(-n // self.k)
         mine = len(range(self.worker, groups, self.readers))
-        self._len = mine * self.k
+        self._len += mine * self.k
         if mine and (groups - 1) % self.readers == self.worker:
             self._len -= groups * self.k - n  # this worker has the last group, which may be short
+
+    def _size(self, c: int) -> int:
+        return min(self.k, 1 << (c // self.readers))
+
+    def _group_start(self, c: np.ndarray) -> np.ndarray:
+        """First batch (from `first`) of group c; groups go round-robin to workers, c % readers."""
+        j, w = c // self.readers, c % self.readers
+        ramp = self.readers * ((1 << np.minimum(j, self.ramp)) - 1) + w * (1 << np.minimum(j, self.ramp))
+        return np.where(j < self.ramp, ramp, self._ramp_batches + (c - self.readers * self.ramp) * self.k)
 
     def __len__(self) -> int:
         return self._len
 
     def _at(self, i: np.ndarray) -> np.ndarray:
-        return self.first + (self.worker + (i // self.k) * self.readers) * self.k + i % self.k
+        i = np.asarray(i, dtype=np.int64)
+        in_ramp = i < (1 << self.ramp) - 1
+        j_ramp = np.floor(np.log2(i + 1)).astype(np.int64)  # (exact for these small integers)
+        j = np.where(in_ramp, j_ramp, self.ramp + (i - (1 << self.ramp) + 1) // self.k)
+        offset = np.where(in_ramp, i - ((1 << np.minimum(j_ramp, 62)) - 1), (i - (1 << self.ramp) + 1) % self.k)
+        return self.first + self._group_start(self.worker + j * self.readers) + offset
 
     def __getitem__(self, item: slice | int) -> np.ndarray | int:
         if isinstance(item, slice):
@@ -85,6 +106,16 @@ class WorkerBatches:
     def __iter__(self) -> Iterator[int]:
         for start in range(0, self._len, 1 << 16):
             yield from self[start:start + (1 << 16)].tolist()
+
+
+def group_sizes(k: int) -> Iterator[int]:
+    """Batches in a worker's successive groups (DataLoader items): 1, 2, 4, ... while below k, then k."""
+    j = 0
+    while (1 << j) < k:
+        yield 1 << j
+        j += 1
+    while True:
+        yield k
 
 
 class ShardNeed(NamedTuple):

@@ -90,6 +90,16 @@ class LoadedStream:
                            shard=shard)
 
 
+def check_unsafe_columns(streams: list[LoadedStream], columns: list[str] | None, allowed: bool) -> None:
+    """Refuse pkl columns that would be decoded, unless the caller allowed unsafe types."""
+    for st in streams if not allowed else ():
+        for entry in st.entries[:1]:
+            for name, enc in zip(entry.column_names, entry.column_encodings, strict=True):
+                if enc == "pkl" and (columns is None or name in columns):
+                    raise ValueError(f"{st.label}: column {name!r} is pkl (unpickling runs code from the "
+                                     "data); pass allow_unsafe_types=True if you trust it")
+
+
 def read_index(remote: Store) -> bytes:
     """index.json from `remote`, fetched so that DataLoader workers can still fork() afterwards.
 

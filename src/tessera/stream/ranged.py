@@ -1,0 +1,266 @@
+"""Ranged reads: serve samples of shards still downloading by fetching just those samples.
+
+A shuffled epoch's first batches take one sample from each lane, so they need samples from many shards
+at once; waiting for each whole shard (64 MB) made the time to the first batch that of downloading
+them all. While a shard's whole download is in flight (started by this reader's prefetcher), the rows a
+batch needs from it are fetched with one ranged GET each (adjacent rows merged), concurrently, into a
+*sparse* in-memory copy of the shard: a memfd of the shard's size, of which only the header (count,
+offsets, config JSON) and the fetched rows are ever written, so only those pages use memory. A normal
+`ShardReader` maps it, so decoding, `gather` and the bytes served are exactly those of the cached file.
+Once the download is done, the sparse copy is dropped and the shard is read from the cache as before.
+
+Not used (the reader waits for the whole shard as before) for: compressed shards (`zip_data`: a
+compressed stream cannot be range-read), `validate_hash` (ranged bytes cannot be checked against the
+shard's hash), local-only streams, a shard whose download is not in flight (no prefetch, or skipped
+under cache_limit), batches waiting for less than `MIN_MISSING_BYTES` of shards, beyond `MAX_SAMPLES`
+samples per epoch or `MAX_BYTES` of ranged rows per reader process, and where `os.memfd_create` is
+missing (not Linux).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tessera.shards.errors import CorruptShard
+from tessera.shards.reader import ShardReader
+
+# Ranged rows kept in memory per reader process (pages actually written); beyond, readers wait for shards.
+MAX_BYTES = 256 << 20
+# Samples a reader serves by ranged reads per epoch: the first batches (a DataLoader worker's first two
+# items, 1 + 2 batches of 64). Beyond, batches wait for whole shards: each small GET costs the server
+# about as much CPU as megabytes of a whole-shard download, and on 2 cores more of them slowed the
+# downloads (and so the epoch) by more than they saved (benchmarks/RESULTS.md, Streaming).
+MAX_SAMPLES = 256
+# Ranged reads start only when the shards a batch waits for hold at least this many bytes: a batch that
+# waits for one or two shards gets them about as fast as ranged reads would (header + samples), and the
+# extra small requests slowed the rest of the epoch here (benchmarks/RESULTS.md, Streaming).
+MIN_MISSING_BYTES = 256 << 20
+# Concurrent ranged GETs per reader process (each is a small request: latency-bound, not bandwidth-bound).
+CONCURRENCY = 64
+# Bytes read with the offset table in the first header request, for the config JSON that follows it.
+CONFIG_GUESS = 16 << 10
+PAGE = mmap.PAGESIZE
+
+
+@dataclass
+class SparseShard:
+    """The in-memory sparse copy of one shard: header written, `have[i]` when row i is."""
+
+    reader: ShardReader
+    buffer: mmap.mmap  # writable shared mapping of the memfd (the reader maps it read-only)
+    offsets: np.ndarray  # int64, N + 1
+    have: np.ndarray  # bool, N
+    key: str
+    store: Any
+    cost: int  # bytes (whole pages) counted against MAX_BYTES
+
+
+class RangedReads:
+    """Per reader process: which shards are currently served from sparse copies, and their fetches."""
+
+    def __init__(self, streams: Sequence[Any], entries: Sequence[tuple[int, int]], enabled: bool,
+                 columns: list[str] | None, allow_unsafe_types: bool) -> None:
+        self.streams, self.entries = streams, entries
+        self._columns, self._unsafe = columns, allow_unsafe_types
+        self.enabled = enabled and hasattr(os, "memfd_create")
+        self.sparse: dict[int, SparseShard] = {}
+        self.held = 0  # bytes (whole pages) of rows and headers written into sparse copies
+        self.served = 0  # samples served by ranged reads (rows fetched), for tests and the profile
+        self._epoch_served = 0
+        self.prepared_for: Any = None
+        self._current: tuple[np.ndarray, np.ndarray] | None = None
+        self._go: threading.Event | None = threading.Event() if self.enabled else None  # see wait_turn
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sparse copies, counters and the pool belong to the process that made them."""
+        return {**self.__dict__, "sparse": {}, "held": 0, "served": 0, "_epoch_served": 0, "prepared_for": None,
+                "_current": None, "_pool": None, "_pid": 0, "_go": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _go=threading.Event() if state["enabled"] else None)
+
+    def eligible(self, shard: int) -> bool:
+        si, sh = self.entries[shard]
+        st = self.streams[si]
+        entry = st.entries[sh]
+        return (self.enabled and st.remote_store is not None and entry.zip_data is None
+                and not st.cache.validate_hash and entry.samples > 0)
+
+    def _bytes(self, shard: int) -> int:
+        si, sh = self.entries[shard]
+        return self.streams[si].entries[sh].raw_data.bytes
+
+    def _cached(self, shard: int) -> bool:
+        si, sh = self.entries[shard]
+        return self.streams[si].cache.is_ready(self.streams[si].entries[sh])
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None or self._pid != os.getpid():  # threads do not survive fork()
+            self._pool = ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="tessera-ranged")
+            self._pid = os.getpid()
+        return self._pool
+
+    def close(self) -> None:
+        self.sparse.clear()
+        self._current = self.prepared_for = None
+        self._epoch_served = self.held = 0
+        if self._go is not None:
+            self._go.clear()
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True)
+        self._pool = None
+
+    # --- the per-batch step ---------------------------------------------------------------------------
+    def batch(self, readers: dict[int, tuple[ShardReader, Any]], batches: list[tuple[np.ndarray, np.ndarray]],
+              prefetcher: Any) -> None:
+        """The reader is about to serve these batches ((shards, rows) each; a DataLoader worker's group):
+        remember them, and if sparse copies are in use, refresh them and fetch the rows they need. Nothing
+        else when no sparse copy is in use: this runs thousands of times a second."""
+        if self._go is not None and self._current is not None:  # past the first batch: downloads go
+            self._go.set()
+        if len(batches) == 1:
+            self._current = batches[0]
+        else:
+            self._current = (np.concatenate([s for s, _ in batches]), np.concatenate([r for _, r in batches]))
+        if self.sparse:
+            self.prepare(readers, *self._current, prefetcher)
+
+    def wait_turn(self) -> None:
+        """Called by prefetch threads before a whole-shard download. At the start of an epoch, downloads
+        wait (at most 1 s) until the first batches' ranged reads are done: on a loaded machine, a few 64 MB
+        downloads starting at the same moment made those small requests several times slower."""
+        if self._go is not None:
+            self._go.wait(1.0)
+
+    def on_miss(self, readers: dict[int, tuple[ShardReader, Any]], shard: int, prefetcher: Any) -> bool:
+        """`shard` is not open: serve the current batch's shards by ranged reads where they can be; True
+        if `shard` now is (readers holds its sparse copy)."""
+        if not self.enabled or self._current is None or self.prepared_for is self._current[0]:
+            return False
+        self.prepare(readers, *self._current, prefetcher)
+        return shard in readers
+
+    def prepare(self, readers: dict[int, tuple[ShardReader, Any]], shards: np.ndarray, rows: np.ndarray,
+                prefetcher: Any) -> None:
+        """Make every shard of this batch readable through `readers` without waiting for a download,
+        where it can: drop sparse copies whose download has finished (or that `readers` evicted), start
+        sparse copies of shards whose download is in flight, and fetch the rows this batch needs."""
+        self.prepared_for = shards
+        try:
+            self._prepare(readers, shards, rows, prefetcher)
+        finally:
+            if self._go is not None:  # the first batch's ranged reads are done (or were not needed)
+                self._go.set()
+
+    def _prepare(self, readers: dict[int, tuple[ShardReader, Any]], shards: np.ndarray, rows: np.ndarray,
+                 prefetcher: Any) -> None:
+        for shard, sp in list(self.sparse.items()):
+            if readers.get(shard, (None,))[0] is not sp.reader or not prefetcher.pending(shard):
+                self._drop(readers, shard)
+        fresh = [s for s in dict.fromkeys(shards.tolist()) if self._epoch_served < MAX_SAMPLES and s not in readers
+                 and self.eligible(s) and prefetcher.pending(s) and not self._cached(s)]
+        if sum(self._bytes(s) for s in fresh) + sum(self._bytes(s) for s in self.sparse) < MIN_MISSING_BYTES:
+            fresh = []
+        if not fresh and not self.sparse:
+            return
+        pool = self._executor()
+        for shard, made in zip(fresh, list(pool.map(self._open, fresh)), strict=True):
+            if made is not None:
+                self.sparse[shard] = made
+                readers[shard] = (made.reader, _NoPin())
+        jobs: list[tuple[int, SparseShard, int, int, np.ndarray]] = []
+        budget = MAX_SAMPLES - self._epoch_served
+        for shard in [s for s in dict.fromkeys(shards.tolist()) if s in self.sparse]:
+            sp = self.sparse[shard]
+            need = np.unique(rows[shards == shard])
+            need = need[~sp.have[need]]
+            if not len(need):
+                continue
+            cost = int(np.sum((sp.offsets[need + 1] - sp.offsets[need]) // PAGE + 2) * PAGE)
+            if self.held + cost > MAX_BYTES or budget < len(need):  # this shard waits for its download
+                self._drop(readers, shard)
+                continue
+            self.held += cost
+            budget -= len(need)
+            sp.cost += cost
+            runs = np.split(need, np.flatnonzero(np.diff(need) != 1) + 1)  # adjacent rows: one request
+            jobs.extend((shard, sp, int(sp.offsets[r[0]]), int(sp.offsets[r[-1] + 1]), r) for r in runs)
+        for _ in pool.map(self._fetch_rows, jobs):
+            pass
+        for _, sp, _, _, run in jobs:
+            sp.have[run] = True
+            self.served += len(run)
+            self._epoch_served += len(run)
+
+    def _drop(self, readers: dict[int, tuple[ShardReader, Any]], shard: int) -> None:
+        sp = self.sparse.pop(shard)
+        self.held -= sp.cost  # freed once batches that still view its rows are gone (gather copies them)
+        hit = readers.get(shard)
+        if hit is not None and hit[0] is sp.reader:
+            del readers[shard]
+            sp.reader.close()
+
+    # --- I/O (pool threads) -------------------------------------------------------------------------
+    def _open(self, shard: int) -> SparseShard | None:
+        """Read and check the shard's header (count, offsets, config) into a new sparse copy."""
+        si, sh = self.entries[shard]
+        st = self.streams[si]
+        entry = st.entries[sh]
+        store, key, size, n = st.remote_store, entry.raw_data.basename, entry.raw_data.bytes, entry.samples
+        label = store.url_for(key)
+        table_end = 4 * (n + 2)
+        if size < table_end:
+            raise CorruptShard(label, f"index.json records {size} bytes, too few for the header of {n} "
+                               "samples", shard)
+        head = bytes(store.get_range_buffer(key, 0, min(size, table_end + CONFIG_GUESS)))
+        (count,) = struct.unpack_from("<I", head, 0)
+        offsets = np.frombuffer(head, "<u4", n + 1, 4).astype(np.int64)
+        if count != n or offsets[0] < table_end or offsets[-1] != size or np.any(np.diff(offsets) < 0):
+            raise CorruptShard(label, f"ranged read: the header (count {count}, offsets {offsets[0]}.."
+                               f"{offsets[-1]}) does not match index.json ({n} samples, raw_data.bytes {size}); "
+                               "the shard or its index entry is corrupt", shard)
+        if offsets[0] > len(head):
+            head += bytes(store.get_range_buffer(key, len(head), int(offsets[0])))
+        fd = os.memfd_create(f"tessera-ranged-{shard}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, size)
+            buffer = mmap.mmap(fd, size)
+            buffer[: int(offsets[0])] = head[: int(offsets[0])]
+            reader = st.open_reader(sh, Path(f"/proc/self/fd/{fd}"), self._columns, self._unsafe)
+        finally:
+            os.close(fd)  # the two mappings keep the memory until they are gone
+        cost = (int(offsets[0]) // PAGE + 1) * PAGE
+        with _HELD_LOCK:
+            self.held += cost
+        return SparseShard(reader, buffer, offsets, np.zeros(n, bool), key, store, cost)
+
+    @staticmethod
+    def _fetch_rows(job: tuple[int, SparseShard, int, int, np.ndarray]) -> None:
+        shard, sp, start, end, _ = job
+        data = memoryview(sp.store.get_range_buffer(sp.key, start, end)).cast("B")
+        if len(data) != end - start:
+            raise CorruptShard(sp.store.url_for(sp.key), f"ranged read of bytes [{start}, {end}) returned "
+                               f"{len(data)} bytes: the object is shorter than its offsets say", shard)
+        sp.buffer[start:end] = data
+
+
+_HELD_LOCK = threading.Lock()
+
+
+class _NoPin:
+    """The pin of a sparse copy: there is no cache file to keep from eviction."""
+
+    def __exit__(self, *exc: object) -> None:
+        return None
