@@ -27,6 +27,27 @@ HERE = Path(__file__).resolve().parent
 READER = HERE / "reader_proc.py"
 PYTHON = sys.executable
 
+def clear_world_env(monkeypatch) -> None:
+    """A single-process world: no torchrun or Slurm variables leak in from the shell running pytest."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    for name in list(os.environ):
+        if name.startswith("SLURM_"):
+            monkeypatch.delenv(name)
+
+
+def three_stream_plans(shuffle: bool = True, seed: int = 3):
+    """Plans of a three-stream mix: stream 0 whole (every sample once), stream 1 repeated 1.5x,
+    stream 2 a choose-subset."""
+    from tessera.stream.batching import StreamPlans
+    from tessera.stream.mixing import StreamShards
+    from tessera.stream.plan import PlanConfig, RunPlan
+
+    streams = [StreamShards([30, 25, 40, 10]), StreamShards([20, 20, 15], repeat=1.5),
+               StreamShards([50, 7], choose=44)]
+    return StreamPlans(RunPlan(streams, PlanConfig(seed=seed, num_lanes=4, shuffle=shuffle, shuffle_block_size=16)))
+
+
 ELASTIC_COLUMNS = {"id": "int", "x": "ndarray:int64:4", "s": "str"}
 BLOB_COLUMNS = {"id": "int", "blob": "ndarray:uint8"}
 

@@ -4,7 +4,6 @@ real StreamingDataset / StreamingDataLoader iterations in this process (0 and 2 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -28,18 +27,11 @@ LAYOUTS = [(1, None), (2, None), (2, 1), (4, 2), (4, 1)]  # (world size, ranks p
 
 @pytest.fixture(autouse=True)
 def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    for name in list(os.environ):
-        if name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
+    helpers.clear_world_env(monkeypatch)
 
 
 def run_plans(shuffle: bool = True, seed: int = 3) -> StreamPlans:
-    # Stream 0 whole (every sample once), stream 1 repeated 1.5x, stream 2 a choose-subset.
-    streams = [StreamShards([30, 25, 40, 10]), StreamShards([20, 20, 15], repeat=1.5),
-               StreamShards([50, 7], choose=44)]
-    return StreamPlans(RunPlan(streams, PlanConfig(seed=seed, num_lanes=4, shuffle=shuffle, shuffle_block_size=16)))
+    return helpers.three_stream_plans(shuffle, seed)
 
 
 def stream_of(plans: StreamPlans, ids: np.ndarray) -> np.ndarray:

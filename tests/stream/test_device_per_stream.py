@@ -9,7 +9,6 @@ workers, resume on another world size, refused states) through `StreamingDataset
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -33,18 +32,11 @@ B = 4  # device batch size of the plan-level tests
 
 @pytest.fixture(autouse=True)
 def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    for name in list(os.environ):
-        if name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
+    helpers.clear_world_env(monkeypatch)
 
 
 def run_plans(shuffle: bool = True, seed: int = 3) -> StreamPlans:
-    # Stream 0 whole, stream 1 repeated 1.5x, stream 2 a choose-subset (as in test_batching.py).
-    streams = [StreamShards([30, 25, 40, 10]), StreamShards([20, 20, 15], repeat=1.5),
-               StreamShards([50, 7], choose=44)]
-    return StreamPlans(RunPlan(streams, PlanConfig(seed=seed, num_lanes=4, shuffle=shuffle, shuffle_block_size=16)))
+    return helpers.three_stream_plans(shuffle, seed)
 
 
 def schedule(plans: StreamPlans, world: int, start: int = 0, epoch: int = 0) -> DevicePerStreamSchedule:
