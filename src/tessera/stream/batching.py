@@ -41,7 +41,7 @@ import numpy as np
 
 from tessera.stream.mixing import StreamShards
 from tessera.stream.plan import EpochPlan, PlanConfig, PlanStateMismatch, RunPlan
-from tessera.stream.schedule import DeviceLayout, ShardNeed, WorkerBatches, rank_positions
+from tessera.stream.schedule import DeviceLayout, ShardNeed, WorkerBatches, first_needs, rank_positions
 from tessera.stream.shuffle import derive_key
 
 BATCHING_METHODS = ("random", "stratified", "per_stream", "device_per_stream")
@@ -198,22 +198,9 @@ class StreamSchedule:
     def shard_order(self, layout: DeviceLayout, skip_samples: int = 0) -> Iterator[ShardNeed]:
         """Each shard this worker will still need, in order of first need (as `BatchSchedule.shard_order`)."""
         self.check_layout(layout)
-        seen = np.zeros(self.plans.run.units.shard_sizes.size, dtype=bool)
-        index = 0
-        for ts in self._worker_ts(layout):
-            flat = self._rank_batches(ts, layout.rank, layout.world_size, layout.ranks_per_node, True).reshape(-1)
-            lo = max(0, skip_samples - index)
-            index_base, index = index, index + flat.size
-            flat = flat[lo:]
-            if not flat.size:
-                continue
-            uniq, first = np.unique(flat, return_index=True)
-            fresh = ~seen[uniq]
-            uniq, first = uniq[fresh], first[fresh]
-            seen[uniq] = True
-            for j in np.argsort(first, kind="stable"):
-                at = int(first[j])
-                yield ShardNeed(int(uniq[j]), index_base + lo + at - skip_samples, -1)
+        chunks = (self._rank_batches(ts, layout.rank, layout.world_size, layout.ranks_per_node, True).reshape(-1)
+                  for ts in self._worker_ts(layout))
+        return first_needs(chunks, self.plans.run.units.shard_sizes.size, skip_samples)
 
     def _lookup(self, si: int, pos: np.ndarray, shards: bool) -> np.ndarray:
         plan = self.epoch_plans[si]

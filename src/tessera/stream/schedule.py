@@ -10,7 +10,7 @@ a new schedule whose `start` is the number of samples already consumed: O(1), wh
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -124,6 +124,33 @@ class ShardNeed(NamedTuple):
     shard: int
     sample_index: int
     position: int
+
+
+def first_needs(chunks: Iterable[np.ndarray], num_shards: int, skip_samples: int,
+                shard_of: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[ShardNeed]:
+    """Each shard in order of first need over `chunks` (a reader's samples in read order), after the
+    first `skip_samples` it has already read.
+
+    With `shard_of`, chunk values are global positions, mapped to shards only past the skip (a deep
+    resume maps nothing it skips) and reported as `ShardNeed.position`; without, they are shard ids.
+    """
+    seen = np.zeros(num_shards, dtype=bool)
+    index = 0
+    for flat in chunks:
+        lo = max(0, skip_samples - index)
+        index_base, index = index, index + flat.size
+        flat = flat[lo:]
+        if not flat.size:
+            continue
+        shards = flat if shard_of is None else shard_of(flat)
+        uniq, first = np.unique(shards, return_index=True)
+        fresh = ~seen[uniq]
+        uniq, first = uniq[fresh], first[fresh]
+        seen[uniq] = True
+        for j in np.argsort(first, kind="stable"):
+            at = int(first[j])
+            yield ShardNeed(int(uniq[j]), index_base + lo + at - skip_samples,
+                            -1 if shard_of is None else int(flat[at]))
 
 
 def rank_positions(batch_start: np.ndarray | int, global_batch_size: int, num_lanes: int, rank: int,
@@ -241,20 +268,5 @@ class BatchSchedule:
         return self._shard_order(layout, skip_samples)
 
     def _shard_order(self, layout: DeviceLayout, skip_samples: int) -> Iterator[ShardNeed]:
-        seen = np.zeros(self.plan.run.units.shard_sizes.size, dtype=bool)
-        index = 0
-        for _, pos in self._worker_chunks(layout):
-            flat = pos[pos >= 0]
-            lo = max(0, skip_samples - index)
-            index_base, index = index, index + flat.size
-            flat = flat[lo:]
-            if not flat.size:
-                continue
-            shards = self.plan.shards_at(flat)
-            uniq, first = np.unique(shards, return_index=True)
-            fresh = ~seen[uniq]
-            uniq, first = uniq[fresh], first[fresh]
-            seen[uniq] = True
-            for j in np.argsort(first, kind="stable"):
-                at = int(first[j])
-                yield ShardNeed(int(uniq[j]), index_base + lo + at - skip_samples, int(flat[at]))
+        chunks = (pos[pos >= 0] for _, pos in self._worker_chunks(layout))
+        return first_needs(chunks, self.plan.run.units.shard_sizes.size, skip_samples, self.plan.shards_at)
