@@ -33,11 +33,12 @@ from tessera.shards.sizes import parse_size
 from tessera.stream import batching
 from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method
 from tessera.stream.cache import check_cache_limit, largest_shard, raise_open_file_limit
-from tessera.stream.gather import BatchRefs, gather
+from tessera.stream.gather import BatchRefs, gather, gather_to_slot
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.prefetch import NoPrefetch, Prefetcher
 from tessera.stream.ranged import RangedReads
 from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes, rank_positions
+from tessera.stream.slots import Layout, SlotRing
 from tessera.stream.state import StageTimes, check_resume_state, make_state
 from tessera.stream.streams import LoadedStream, Stream, check_unsafe_columns, load_stream, local_root_of
 from tessera.stream.world import World
@@ -358,33 +359,45 @@ class StreamingDataset(IterableDataset):
             yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local)
             self.stage_times.decode += time.perf_counter() - t0
 
-    def iter_batch_groups(self, group: int, refs: bool) -> Iterator[BatchRefs | list[dict[str, Any]]]:
+    def iter_batch_groups(self, group: int, refs: bool, ring: SlotRing | None = None,
+                          worker: int = 0) -> Iterator[BatchRefs | list[dict[str, Any]]]:
         """DataLoader items: with `refs`, BatchRefs of `group` consecutive per-device batches whose shards
-        are all present (the consumer gathers them: `gather_refs`); else [batch] from `iter_batches`."""
+        are all present (the consumer gathers them: `gather_refs`), each gathered here into a slot of
+        `ring` (this is worker `worker`) when one is free; else [batch] from `iter_batches`."""
         if not refs:  # through iter_batches, which a subclass may have overridden
             yield from ([batch] for batch in self.iter_batches())
             return
         pending: list[tuple[np.ndarray, np.ndarray]] = []
         data: dict[int, dict[str, Any]] = {}  # batches gathered here: a shard served by ranged reads
+        slots: list[tuple[int, Layout] | None] = []
         sizes = group_sizes(group)
         size = next(sizes)
         for shards, local, prefetcher in self._epoch_batches(group):
             t0 = time.perf_counter()
-            for shard in dict.fromkeys(shards.tolist()):  # (cheaper than np.unique for a batch)
-                self._reader(shard, prefetcher)  # present, pinned and open before anyone is told
-            if self._ranged.sparse and self._ranged.sparse.keys() & set(shards.tolist()):  # not in the cache
-                data[len(pending)] = gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local)
+            read = lambda shard, p=prefetcher: self._reader(shard, p)  # noqa: E731
+            slots.append(gather_to_slot(ring, worker, read, shards, local))  # opens the shards it reads
+            for shard in () if slots[-1] else dict.fromkeys(shards.tolist()):  # (cheaper than np.unique)
+                read(shard)  # present, pinned and open before anyone is told
+            if not slots[-1] and self._ranged.sparse and self._ranged.sparse.keys() & set(shards.tolist()):
+                data[len(pending)] = gather(read, shards, local)  # not in the cache: ranged reads
             pending.append((shards, local))
             self.stage_times.decode += time.perf_counter() - t0
             if len(pending) == size:
-                yield BatchRefs.of(pending, data)
-                pending, data, size = [], {}, next(sizes)
-        if pending:
-            yield BatchRefs.of(pending, data)
+                yield BatchRefs.of(pending, data, slots)
+                pending, data, slots, size = [], {}, [], next(sizes)
 
-    def gather_refs(self, refs: BatchRefs) -> Iterator[dict[str, Any]]:
-        """The batches a worker named, gathered from this process's own mapping of the cache files."""
-        for shards, rows, given in refs.items():
+        if pending:
+            yield BatchRefs.of(pending, data, slots)
+
+    def gather_refs(self, refs: BatchRefs, ring: SlotRing | None = None) -> Iterator[dict[str, Any]]:
+        """The batches a worker named: over its shared slots, or gathered from this process's own mapping
+        of the cache files."""
+        if ring is not None:
+            ring.reclaim()
+        for shards, rows, given, slot in refs.items():
             t0 = time.perf_counter()
-            yield given if given is not None else gather(self._reader, shards, rows)
+            if slot is not None:
+                yield ring.hand_out(slot[0], slot[1], len(shards))  # type: ignore[union-attr]
+            else:
+                yield given if given is not None else gather(self._reader, shards, rows)
             self.stage_times.decode += time.perf_counter() - t0  # includes the consumer's time, as above

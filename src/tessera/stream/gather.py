@@ -21,10 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from tessera.shards.encodings import FixedEncoding, lookup_encoding
 from tessera.shards.index import ShardEntry
 from tessera.shards.reader import ShardReader
+from tessera.stream.slots import Layout, SlotRing, layout_of
 
 # Batches per DataLoader item when workers send BatchRefs: torch's per-item cost (~0.3-0.5 ms on two
 # loaded cores) is then paid once per 16 batches, and a group is still tiny (16 x 64 x 16 bytes).
@@ -77,22 +79,35 @@ class BatchRefs:
     # Batches the worker gathered itself (their index in the group -> the batch): those with a shard not yet
     # in the cache, whose rows came by ranged reads (ranged.py) and cannot be read from the cache files.
     data: dict[int, dict[str, Any]] | None = None
+    # Per batch, the shared slot (slots.py) the worker gathered it into and its layout, or None.
+    slots: tuple[tuple[int, Layout] | None, ...] | None = None
 
     @classmethod
-    def of(cls, batches: Sequence[tuple[np.ndarray, np.ndarray]],
-           data: dict[int, dict[str, Any]] | None = None) -> BatchRefs:
+    def of(cls, batches: Sequence[tuple[np.ndarray, np.ndarray]], data: dict[int, dict[str, Any]] | None = None,
+           slots: Sequence[tuple[int, Layout] | None] = ()) -> BatchRefs:
         ends = tuple(np.cumsum([len(s) for s, _ in batches]).tolist())
         return cls(np.concatenate([s for s, _ in batches]), np.concatenate([r for _, r in batches]), ends,
-                   data or None)
+                   data or None, tuple(slots) if any(slots) else None)
 
     def batches(self) -> list[tuple[np.ndarray, np.ndarray]]:
         starts = (0, *self.ends[:-1])
         return [(self.shards[a:b], self.rows[a:b]) for a, b in zip(starts, self.ends, strict=True)]
 
-    def items(self) -> list[tuple[np.ndarray, np.ndarray, dict[str, Any] | None]]:
-        """(shards, rows, the batch if the worker sent it gathered, else None) per batch."""
-        data = self.data or {}
-        return [(s, r, data.get(i)) for i, (s, r) in enumerate(self.batches())]
+    def items(self) -> list[tuple[np.ndarray, np.ndarray, dict[str, Any] | None, tuple[int, Layout] | None]]:
+        """(shards, rows, the batch if the worker sent it gathered, its slot if it gathered it into one)."""
+        data, slots = self.data or {}, self.slots or (None,) * len(self.ends)
+        return [(s, r, data.get(i), slots[i]) for i, (s, r) in enumerate(self.batches())]
+
+
+def gather_to_slot(ring: SlotRing | None, worker: int, reader: Callable[[int], ShardReader], shards: np.ndarray,
+                   rows: np.ndarray) -> tuple[int, Layout] | None:
+    """In a worker: gather a batch into a free shared slot; (slot, layout), or None when there is no ring,
+    no free slot or the columns are not all fixed-size (the batch then goes as plain BatchRefs)."""
+    layout = batch_layout(reader(int(shards[0]))) if ring is not None and len(shards) else None
+    if layout is None:
+        return None
+    slot = ring.fill(worker, layout, len(shards), lambda out: gather(reader, shards, rows, out=out))  # type: ignore[union-attr]
+    return (slot, layout) if slot >= 0 else None
 
 
 def all_fixed_size(entries: Sequence[ShardEntry], columns: Sequence[str] | None) -> bool:
@@ -107,52 +122,98 @@ def all_fixed_size(entries: Sequence[ShardEntry], columns: Sequence[str] | None)
     return True
 
 
-def gather(reader: Callable[[int], ShardReader], shards: np.ndarray, rows: np.ndarray) -> dict[str, Any]:
+def gather(reader: Callable[[int], ShardReader], shards: np.ndarray, rows: np.ndarray,
+           out: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
     """One batch: fixed-size columns stacked into arrays (in batch order), others as lists.
 
-    `reader(shard)` opens (or returns the open) reader of a shard. Shards whose columns are all
-    fixed-size are read through their cached strided views (no per-call decoding set-up). This runs
-    once per batch (~8k batches/s at 2 GB/s of 256 KB batches), so the Python around the copies is kept
-    to a few operations per shard: a batch from one shard is one fancy-index copy; a batch over a few
-    shards is sorted by shard once (stable argsort) and each shard's rows are copied with one gather and
-    one scatter into a preallocated output; a batch spread over many shards (about one row each, e.g.
-    many lanes) stacks row views instead, since per-shard numpy calls would then cost more than per-row
-    ones. Outputs of several shards come from `OUTPUTS` (see OutputPool). Measured here on 64 x 4 KB
-    rows, warm mappings, the caller holding 4 batches: 2 shards 68 us (67 before), 16 shards 102 us
-    (135 before); the copies alone are ~30-40 us.
+    `reader(shard)` opens (or returns the open) reader of a shard. With `out` (arrays of the batch's
+    layout, e.g. a shared slot: slots.py) fixed-size columns are written there and it is returned;
+    otherwise into arrays of `OUTPUTS` (see OutputPool).
+
+    This runs once per batch (~8k batches/s at 2 GB/s of 256 KB batches), and a shuffled batch often
+    holds a few rows of each of many shards. Copying shard by shard (a gather and a scatter per shard)
+    or row by row (a view per row, then np.stack) cost 80-120 us per 64 x 4 KB batch over 15 shards,
+    of which the copies are ~30. So the rows of every shard are copied by one `torch.index_select` per
+    column: each row's byte address is its shard's base address + row x the shard's row stride, and the
+    source is one uint8 view spanning the lowest to the highest address with a row stride of one byte
+    (`_span`): row k of that view is the `row_bytes` bytes starting at address lo + k. Only those
+    rows are ever read, and the shards' column views, held here during the copy, keep every mapping
+    alive. 28 us for the same batch.
     """
-    order = shards.argsort(kind="stable")
-    by_shard = shards[order]
-    if len(shards) and by_shard[0] == by_shard[-1]:  # one shard: one copy per column
-        views = _column_views(reader(int(by_shard[0])))
-        if views is None:
-            return _gather_decoded(reader, [int(by_shard[0])], shards, rows)
-        return {name: view[rows] for name, view in views}
-    cuts = [0, *(np.flatnonzero(by_shard[1:] != by_shard[:-1]) + 1).tolist(), len(shards)]
-    uniq = by_shard[cuts[:-1]].tolist() if len(shards) else []
-    views = [_column_views(reader(shard)) for shard in uniq]
-    if not views or any(v is None for v in views):
+    ids = shards.tolist()
+    uniq = list(dict.fromkeys(ids))
+    tables = [_row_table(reader(shard)) for shard in uniq]
+    if any(t is None for t in tables):
         return _gather_decoded(reader, uniq, shards, rows)
-    if len(uniq) * _ROWS_PER_SHARD_CALL > len(shards):  # many shards, few rows each: row by row
-        pairs = list(zip(shards.tolist(), rows.tolist(), strict=True))
-        stacked = {}
-        for c, (name, _) in enumerate(views[0]):  # type: ignore[arg-type]
-            by_id = {shard: cols[c][1] for shard, cols in zip(uniq, views, strict=True)}  # type: ignore[index]
-            parts = [by_id[shard][r] for shard, r in pairs]
-            stacked[name] = np.stack(parts, out=OUTPUTS.empty((len(parts), *np.shape(parts[0])), by_id[uniq[0]].dtype))
-        return stacked
-    out = {name: OUTPUTS.empty((len(shards), *v.shape[1:]), v.dtype) for name, v in views[0]}  # type: ignore[union-attr]
-    for cols, a, b in zip(views, cuts[:-1], cuts[1:], strict=True):
-        at = order[a:b]
-        picked = rows[at]
-        for name, view in cols:  # type: ignore[union-attr]
-            out[name][at] = view[picked]
+    if len(uniq) == 1:
+        which = np.zeros(len(ids), np.intp)
+    else:
+        lookup = {shard: i for i, shard in enumerate(uniq)}
+        which = np.fromiter((lookup[s] for s in ids), np.intp, len(ids))
+    stride = np.array([t.stride for t in tables], np.int64)[which]  # type: ignore[union-attr]
+    row_starts = rows.astype(np.int64, copy=False) * stride
+    first: _RowTable = tables[0]  # type: ignore[assignment]
+    for shard, table in zip(uniq, tables, strict=True):
+        if table.layout != first.layout:  # type: ignore[union-attr]
+            raise ValueError(f"a batch mixes shards whose columns do not stack: shard {uniq[0]} has "
+                             f"{first.layout}, shard {shard} has {table.layout}")  # type: ignore[union-attr]
+    if out is None:
+        out = {name: OUTPUTS.empty((len(ids), *shape), dtype) for name, dtype, shape in first.layout}
+    for c, (name, _, _) in enumerate(first.layout):
+        base = np.array([t.bases[c] for t in tables], np.int64)[which]  # type: ignore[union-attr]
+        _copy_rows(base + row_starts, first.row_bytes[c], out[name])
     return out
 
 
-# Rows per shard below which copying row by row beats a gather + scatter per shard (measured: 64 rows
-# over 16 shards, ~4 rows each, 79 us row by row vs 100 us per shard; over 2 shards 86 vs 59 us).
-_ROWS_PER_SHARD_CALL = 8
+@dataclass(frozen=True)
+class _RowTable:
+    """Where a shard's rows are: per selected column the address of row 0 and its bytes per row, and the
+    row stride (the shard's sample size). `views` keeps the mapping alive while the table is in use."""
+
+    layout: Layout
+    bases: tuple[int, ...]
+    row_bytes: tuple[int, ...]
+    stride: int
+    views: tuple[tuple[str, np.ndarray], ...]
+
+
+def _row_table(reader: ShardReader) -> _RowTable | None:
+    """The row table of a reader whose columns are all fixed-size, else None; kept on the reader."""
+    table = reader.__dict__.get("_row_table", False)
+    if table is False:
+        views = _column_views(reader)
+        table = None
+        if views is not None:
+            stride = views[0][1].strides[0] if views and views[0][1].ndim else 0
+            table = _RowTable(layout_of(views), tuple(v.__array_interface__["data"][0] for _, v in views),
+                              tuple(v.dtype.itemsize * int(np.prod(v.shape[1:], dtype=np.int64)) for _, v in views),
+                              int(stride), views)
+        reader.__dict__["_row_table"] = table
+    return table
+
+
+class _Span:
+    """`n` bytes at address `addr`, as an array interface (numpy then wraps memory it does not own)."""
+
+    def __init__(self, addr: int, n: int) -> None:
+        self.__array_interface__ = {"data": (addr, False), "shape": (n,), "typestr": "|u1", "version": 3}
+
+
+def _copy_rows(addresses: np.ndarray, row_bytes: int, dest: np.ndarray) -> None:
+    """dest[k] = the `row_bytes` bytes at addresses[k], for every k (dest is C-contiguous)."""
+    if not len(addresses) or not row_bytes:
+        return
+    lo = int(addresses.min())
+    span = torch.from_numpy(np.asarray(_Span(lo, int(addresses.max()) - lo + row_bytes)))
+    rows = span.as_strided((span.numel() - row_bytes + 1, row_bytes), (1, 1))
+    target = torch.from_numpy(dest.reshape(len(addresses), -1).view(np.uint8))
+    torch.index_select(rows, 0, torch.from_numpy(addresses - lo), out=target)
+
+
+def batch_layout(reader: ShardReader) -> Layout | None:
+    """The slot layout of batches from this shard (slots.py), or None if its columns are not all fixed-size."""
+    table = _row_table(reader)  # kept on the reader: one layout object per shard, pickled once per group
+    return None if table is None else table.layout
 
 
 def _column_views(reader: ShardReader) -> tuple[tuple[str, np.ndarray], ...] | None:

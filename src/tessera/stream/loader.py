@@ -27,13 +27,15 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, default_collate
+from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from tessera.shards.encodings import lookup_encoding
 from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.forksafe import can_fork, runtime_started
 from tessera.stream.gather import REF_GROUP, all_fixed_size
+from tessera.stream.slots import SlotRing, slot_bytes
 from tessera.stream.state import StageTimes
 
 
@@ -53,13 +55,20 @@ def _worker_context() -> multiprocessing.context.BaseContext:
 
 class _BatchView(IterableDataset):
     """Wraps a StreamingDataset so that each item is a group of `group` whole per-device batches
-    (a list of batches, or their BatchRefs when `refs`)."""
+    (a list of batches, or their BatchRefs when `refs`). `ring`, when set (fork()ed workers only), is
+    the shared slot ring workers gather into (slots.py)."""
 
     def __init__(self, dataset: StreamingDataset, group: int, refs: bool) -> None:
         self.dataset, self.group, self.refs = dataset, group, refs
+        self.ring: SlotRing | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "ring": None}  # a mapping only fork() can share; spawned workers send refs
 
     def __iter__(self) -> Iterator[Any]:
-        items = self.dataset.iter_batch_groups(self.group, self.refs)
+        info = get_worker_info()
+        ring = self.ring if info is not None else None
+        items = self.dataset.iter_batch_groups(self.group, self.refs, ring, info.id if info else 0)
         return items if self.refs or self.group == 1 else _regroup(items, self.group)
 
     def __len__(self) -> int:
@@ -83,6 +92,18 @@ def _refs_possible(dataset: StreamingDataset, batch_path: bool) -> bool:
     if getattr(type(dataset), method) is not getattr(StreamingDataset, method):
         return False
     return all(all_fixed_size(st.entries[:1], dataset.columns) for st in dataset.streams)
+
+
+def _ring_for(dataset: StreamingDataset, workers: int) -> SlotRing | None:
+    """A slot ring sized for the largest per-device batch any stream gives (fixed-size columns only)."""
+    largest = 0
+    for st in dataset.streams:
+        entry = st.entries[0]
+        layout = tuple((name, lookup_encoding(enc).dtype.str, tuple(lookup_encoding(enc).shape))
+                       for name, enc in zip(entry.column_names, entry.column_encodings, strict=True)
+                       if dataset.columns is None or name in dataset.columns)
+        largest = max(largest, slot_bytes(layout, dataset.batch_size))
+    return SlotRing.sized_for(workers, largest)
 
 
 def _collate_each(collate: Callable[[Any], Any], batches: list[Any]) -> list[Any]:
@@ -157,6 +178,8 @@ class StreamingDataLoader(DataLoader):
             super().__init__(dataset, batch_size=batch_size, collate_fn=user_collate or collate_samples, **kwargs)
         self._epoch = dataset._epoch
         self._batches_seen = 0
+        self._ring: SlotRing | None = None  # made at the first iteration whose workers fork (slots.py)
+        self._ring_in_use = False
 
     def __iter__(self) -> Iterator[Any]:
         ds = self.streaming_dataset
@@ -164,12 +187,14 @@ class StreamingDataLoader(DataLoader):
         self._batches_seen = 0
         if self._auto_context and self.num_workers > 0:
             self.multiprocessing_context = _worker_context() if _needs_clean_workers(ds) else None
+        self._take_ring()
         try:
             for item in super().__iter__():
                 for batch in self._batches_of(item):
                     self._batches_seen += 1
                     yield batch
         finally:
+            self._ring_in_use = False
             if self._refs:
                 ds._close_readers()  # the mappings (and pins) this process opened to gather
                 if os.environ.get("TESSERA_STREAM_PROFILE"):
@@ -188,9 +213,26 @@ class StreamingDataLoader(DataLoader):
             yield from item
         else:  # made here, after torch's pin-memory thread has seen the item: pin as it would
             pin = self.pin_memory and torch.accelerator.is_available()
-            for batch in self.streaming_dataset.gather_refs(item):
+            for batch in self.streaming_dataset.gather_refs(item, self.dataset.ring):  # type: ignore[union-attr]
                 batch = self._batch_collate(batch)
                 yield pin_memory(batch) if pin else batch
+
+    def _take_ring(self) -> SlotRing | None:
+        """The slot ring for this iteration's workers, set on the wrapped dataset before they fork: only
+        with the BatchRefs handoff and fork()ed workers, and not while an earlier iteration of this loader
+        still runs (its workers could still be filling slots)."""
+        forked = (self.multiprocessing_context or multiprocessing.get_context()).get_start_method() == "fork"
+        ring = None
+        if self._refs and forked and not self._ring_in_use:
+            if self._ring is None:
+                self._ring = _ring_for(self.streaming_dataset, self.num_workers)
+            ring = self._ring
+            if ring is not None:
+                ring.reset()
+        self._ring_in_use = ring is not None
+        if isinstance(self.dataset, _BatchView):
+            self.dataset.ring = ring
+        return ring
 
     def __len__(self) -> int:
         """Batches in one epoch (DataLoader items may each carry several)."""
