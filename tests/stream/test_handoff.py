@@ -3,7 +3,8 @@
 - `WorkerBatches`: workers serve batches in groups; read round-robin, as torch's DataLoader reads its
   workers, the groups give every batch exactly once and in order (hypothesis).
 - `gather`: a batch gathered from several shards equals the samples read one by one.
-- `forksafe`: a remote dataset leaves obstore's runtime unstarted in the training process, so workers
+- `forksafe`: deciding to fork and a first object-store request are serialised (fork_gate); a remote
+  dataset leaves obstore's runtime unstarted in the training process, so workers
   fork (no forkserver start-up); once something has started it, workers come from a forkserver and
   still read correctly (a real S3 server and a fresh interpreter).
 """
@@ -15,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,9 @@ import helpers  # noqa: E402
 from tessera.shards.reader import ShardReader  # noqa: E402
 from tessera.storage import NotFound  # noqa: E402
 from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
-from tessera.stream.forksafe import call_in_fork  # noqa: E402
+from tessera.storage import fork_gate as fork_gate_module  # noqa: E402
+from tessera.stream import forksafe  # noqa: E402
+from tessera.stream.forksafe import call_outside_runtime  # noqa: E402
 from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather  # noqa: E402
 from tessera.stream.schedule import DeviceLayout, WorkerBatches, group_sizes  # noqa: E402
 
@@ -124,16 +128,42 @@ def test_output_pool_reuses_an_array_only_once_nothing_else_holds_it() -> None:
 
 # --- fork safety ---------------------------------------------------------------------------------------
 
-def test_call_in_fork_returns_results_and_raises_errors_with_their_attributes() -> None:
-    assert call_in_fork(lambda: (os.getpid(), b"x" * 100_000))[0] != os.getpid()
-    assert len(call_in_fork(lambda: b"x" * 5_000_000)) == 5_000_000  # larger than a pipe buffer
+def test_call_outside_runtime_forks_returns_results_and_raises_errors_with_their_attributes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fork_gate_module, "_used", False)  # as in a process that made no request yet
+    monkeypatch.setattr(forksafe, "runtime_started", lambda: False)
+    assert call_outside_runtime(lambda: (os.getpid(), b"x" * 100_000))[0] != os.getpid()
+    assert len(call_outside_runtime(lambda: b"x" * 5_000_000)) == 5_000_000  # larger than a pipe buffer
 
     def missing() -> None:
         raise NotFound("s3://b/k: no such key", "s3://b/k")
 
     with pytest.raises(NotFound) as info:
-        call_in_fork(missing)
+        call_outside_runtime(missing)
     assert info.value.url == "s3://b/k"
+    fork_gate_module.note_request()  # once a request has been made here, fork()ed children would hang
+    assert call_outside_runtime(os.getpid) == os.getpid()
+
+
+def test_a_first_request_waits_while_a_fork_is_decided(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fork_gate_module, "_used", False)
+    about_to_request, done = threading.Event(), threading.Event()
+
+    def first_request() -> None:
+        about_to_request.set()
+        fork_gate_module.note_request()
+        done.set()
+
+    with fork_gate_module.fork_gate() as gate_open:
+        assert gate_open and not fork_gate_module.requests_made()
+        thread = threading.Thread(target=first_request)
+        thread.start()
+        about_to_request.wait()
+        assert not done.wait(0.2)  # blocked until the fork (here: this block) is over
+    thread.join()
+    assert done.is_set() and fork_gate_module.requests_made()
+    with fork_gate_module.fork_gate() as gate_open:
+        assert not gate_open
 
 
 FORK_SCRIPT = r"""

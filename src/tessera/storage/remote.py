@@ -17,6 +17,7 @@ import obstore
 
 from tessera.storage.base import Data, ObjectInfo, Store
 from tessera.storage.errors import NotFound, is_transient, translate
+from tessera.storage.fork_gate import note_request
 from tessera.storage.retry import RetryPolicy, call_with_retry
 from tessera.storage.url import ParsedURL, check_key, join_key
 
@@ -47,6 +48,7 @@ class ObjectStore(Store):
         return f"{self.url}/{key}"
 
     def _call(self, key: str, fn: Any) -> Any:
+        note_request()  # see fork_gate.py: a first request waits for a fork in progress
         return call_with_retry(fn, self.url_for(key), self.retry)
 
     def get(self, key: str) -> bytes:
@@ -103,6 +105,7 @@ class ObjectStore(Store):
         seg_prefix, _, _ = prefix.rpartition("/")  # obstore lists by whole path segments
         full = join_key(self.prefix, seg_prefix) if seg_prefix else (self.prefix or None)
         last: str | None = None
+        note_request()
         for attempt in range(self.retry.max_attempts):
             try:
                 for page in obstore.list(self.client, prefix=full, offset=last, chunk_size=1000):

@@ -5,10 +5,13 @@ this process has made one object-store request, a fork()ed child that makes anot
 new store object) hangs. Forkserver workers avoid that but cost ~2 s to start (a fresh interpreter
 importing torch), which was most of the time to the first remote batch.
 
-A dataset only needs the store in this process for its index.json. `call_in_fork` makes that request
-from a short-lived fork()ed child (~30 ms), so the runtime starts there and dies with it; store
-objects created here without a request are fine to use after fork. `runtime_started` tells the
-DataLoader whether fork() is still safe (something else in the process may have used obstore).
+A dataset only needs the store in this process for its index.json. `call_outside_runtime` makes that
+request from a short-lived fork()ed child (~30 ms), so the runtime starts there and dies with it; store
+objects created here without a request are fine to use after fork. `fork_is_clean` tells the
+DataLoader whether fork() is still safe (something else in the process may have used obstore: through
+tessera.storage, which `fork_gate` tracks, or another library, whose runtime threads `runtime_started`
+sees). Both decide and fork under `tessera.storage.fork_gate`, so a first request made by another
+thread at that moment waits instead of leaving the children hanging.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+
+from tessera.storage.fork_gate import fork_gate
 
 T = TypeVar("T")
 
@@ -51,13 +56,28 @@ def runtime_started() -> bool:
     return False
 
 
-def call_in_fork(fn: Callable[[], T]) -> T:
-    """Run `fn` in a fork()ed child and return its result (or raise its exception) here.
+def fork_is_clean(gate_open: bool) -> bool:
+    """Inside `fork_gate()` (which yields `gate_open`): whether fork()ed children may use object stores."""
+    return can_fork() and gate_open and not runtime_started()
 
-    The result and any exception travel pickled through a pipe, so both must be picklable.
-    """
+
+def call_outside_runtime(fn: Callable[[], T]) -> T:
+    """`fn()` (which may make object-store requests) without starting obstore's runtime here: in a
+    fork()ed child while this process has made no request, here otherwise (it is started already, or
+    fork() is not available). The check and the fork are one step under `fork_gate()`."""
+    with fork_gate() as gate_open:
+        forked = _fork_with_pipe() if fork_is_clean(gate_open) else None
+    return fn() if forked is None else _run_in_child(forked, fn)
+
+
+def _fork_with_pipe() -> tuple[int, int, int]:
     read_fd, write_fd = os.pipe()
-    pid = os.fork()
+    return os.fork(), read_fd, write_fd
+
+
+def _run_in_child(forked: tuple[int, int, int], fn: Callable[[], T]) -> T:
+    """After `_fork_with_pipe`: the child runs `fn` and exits; the parent returns its result."""
+    pid, read_fd, write_fd = forked
     if pid == 0:  # the child: never returns into the caller's code
         os.close(read_fd)
         status = 0

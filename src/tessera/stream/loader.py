@@ -31,20 +31,21 @@ from torch.utils.data import DataLoader, IterableDataset, default_collate, get_w
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from tessera.shards.encodings import lookup_encoding
+from tessera.storage.fork_gate import fork_gate
 from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
-from tessera.stream.forksafe import can_fork, runtime_started
+from tessera.stream.forksafe import fork_is_clean
 from tessera.stream.gather import REF_GROUP, all_fixed_size
 from tessera.stream.slots import SlotRing, slot_bytes
 from tessera.stream.state import StageTimes
 
 
-def _needs_clean_workers(dataset: StreamingDataset) -> bool:
+def _needs_clean_workers(dataset: StreamingDataset, gate_open: bool) -> bool:
     """Whether fork()ed workers could hang: the dataset reads from an object store and obstore's
-    runtime already runs in this process (checked when workers start, not when the loader is built)."""
+    runtime already runs in this process (checked under the fork gate when workers start)."""
     remote = any(st.remote_store is not None and not isinstance(st.remote_store, LocalStore)
                  for st in dataset.streams)
-    return remote and (not can_fork() or runtime_started())
+    return remote and not fork_is_clean(gate_open)
 
 
 def _worker_context() -> multiprocessing.context.BaseContext:
@@ -185,11 +186,13 @@ class StreamingDataLoader(DataLoader):
         ds = self.streaming_dataset
         ds.set_epoch(self._epoch)
         self._batches_seen = 0
-        if self._auto_context and self.num_workers > 0:
-            self.multiprocessing_context = _worker_context() if _needs_clean_workers(ds) else None
-        self._take_ring()
+        with fork_gate() as gate_open:  # decide and fork workers in one step (tessera.storage.fork_gate)
+            if self._auto_context and self.num_workers > 0:
+                self.multiprocessing_context = _worker_context() if _needs_clean_workers(ds, gate_open) else None
+            self._take_ring()
+            items = super().__iter__()  # workers start here
         try:
-            for item in super().__iter__():
+            for item in items:
                 for batch in self._batches_of(item):
                     self._batches_seen += 1
                     yield batch

@@ -20,7 +20,7 @@ from tessera.shards.reader import ShardReader
 from tessera.storage import NotFound, RetryPolicy, Store, open_store
 from tessera.storage.local import LocalStore, write_atomic
 from tessera.stream.cache import ShardCache
-from tessera.stream.forksafe import call_in_fork, can_fork, runtime_started
+from tessera.stream.forksafe import call_outside_runtime
 from tessera.stream.mixing import StreamShards
 
 
@@ -106,9 +106,9 @@ def read_index(remote: Store) -> bytes:
     An object store is read from a fork()ed helper while obstore's runtime has not started in this
     process (see forksafe.py); local folders, and processes that already run it, read directly.
     """
-    if isinstance(remote, LocalStore) or not can_fork() or runtime_started():
+    if isinstance(remote, LocalStore):
         return remote.get(INDEX_BASENAME)
-    return call_in_fork(lambda: remote.get(INDEX_BASENAME))
+    return call_outside_runtime(lambda: remote.get(INDEX_BASENAME))
 
 
 def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, validate_hash: str | None,
