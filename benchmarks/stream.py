@@ -217,6 +217,7 @@ class Env:
                     if path.is_file() and not rel.startswith(".tessera"):
                         client.upload_file(str(path), "bench", f"{workload}/{lib}/{rel}")
             self.remote_ready.add(workload)
+        os.sync()  # GBs of dirty pages in the server's volume files: do not time their writeback (storage.py)
         return urls
 
     def close(self) -> None:
@@ -375,7 +376,8 @@ def section_remote(env: Env, data: dict[str, Any], args: argparse.Namespace, res
     wl = data["workload"]
     urls = env.upload(data)
     rows = []
-    runs = [("tessera", "per-sample"), ("tessera", "batch"), ("tessera", "batch ranged_reads=False"),
+    runs = [("tessera", "download only"), ("tessera", "per-sample"), ("tessera", "batch"),
+            ("tessera", "batch ranged_reads=False"),
             ("mosaic", "per-sample"), ("litdata", "per-sample"), ("litdata", "batch_decode=all")]
     for lib, path in [r for r in runs if r[0] in args.libs]:
         cap = args.max_samples
@@ -405,6 +407,7 @@ def child_run(spec: dict[str, Any], env: Env, profile: bool = False, attempts: i
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child-run", json.dumps({**spec, "cache": str(cache)})]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env)
         W.rm(cache)
+        os.sync()  # the next run starts with no writeback of this one's cache files pending
         sys.stderr.write("".join(line + "\n" for line in proc.stderr.splitlines() if line.startswith("  ")))
         if proc.returncode == 0:
             return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
@@ -414,9 +417,29 @@ def child_run(spec: dict[str, Any], env: Env, profile: bool = False, attempts: i
     raise RuntimeError(f"child run {spec} failed: {error}")
 
 
+def download_only(url: str, cache: Path) -> Iterable[int]:
+    """The floor under a cold epoch: every shard downloaded by the storage layer, 4 at a time as the
+    prefetcher does, nothing read. Yields each shard's sample count as it lands (counted like samples)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from tessera.shards.index import DatasetIndex
+    from tessera.storage import download_from, open_store
+
+    store = open_store(url)
+    entries = DatasetIndex.from_json(store.get("index.json"), url).shards
+    with ThreadPoolExecutor(4) as pool:
+        jobs = {pool.submit(download_from, store, e.raw_data.basename, cache / e.raw_data.basename,
+                            size=e.raw_data.bytes): e.samples for e in entries}
+        for job in as_completed(jobs):
+            job.result()
+            yield jobs[job]
+
+
 def child_remote_run(spec: dict[str, Any]) -> dict[str, Any]:
     warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
     lib, wl, url, cache = spec["lib"], spec["workload"], spec["url"], Path(spec["cache"])
+    if spec["path"] == "download only":
+        return run(f"{wl} remote cold tessera download only", lambda: download_only(url, cache), int, None)
     W.mosaic()
     import litdata  # noqa: F401  (imports outside the timed region, as in the parent)
 

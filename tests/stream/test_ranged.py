@@ -68,11 +68,14 @@ def check_epoch(batches: list[dict[str, Any]]) -> None:
             assert np.array_equal(blob, helpers.expected_blob(i, BLOB)), i
 
 
-def write(remote: str, **kwargs: Any) -> None:
-    """Fixed-size columns only, so DataLoader workers hand batches over as (shard, row) references."""
-    with ShardWriter(remote, {"id": "int", "blob": f"ndarray:uint8:{BLOB}"}, size_limit=100_000, **kwargs) as w:
+def write(remote: str, variable: bool = False, **kwargs: Any) -> None:
+    """Fixed-size columns only, so DataLoader workers hand batches over as (shard, row) references, and
+    a shard's offsets follow from index.json (its header is fetched together with the first rows). With
+    `variable`, a str column too: the header must be read before any row."""
+    columns = {"id": "int", "blob": f"ndarray:uint8:{BLOB}", **({"s": "str"} if variable else {})}
+    with ShardWriter(remote, columns, size_limit=100_000, **kwargs) as w:
         for i in range(N):
-            w.write({"id": i, "blob": helpers.expected_blob(i, BLOB)})
+            w.write({"id": i, "blob": helpers.expected_blob(i, BLOB), **({"s": "x" * (i % 7)} if variable else {})})
 
 
 @pytest.fixture
@@ -82,10 +85,25 @@ def blobs(s3_bucket: str) -> str:
     return remote
 
 
-def test_first_batches_come_by_ranged_reads_before_their_shards_are_cached(blobs: str, tmp_path: Path) -> None:
+@pytest.fixture
+def blobs_variable(s3_bucket: str) -> str:
+    remote = f"{s3_bucket}/blobs-variable"
+    write(remote, variable=True)
+    return remote
+
+
+def offsets_known(ds: StreamingDataset) -> bool:
+    return ds._ranged._computed_offsets(0) is not None
+
+
+@pytest.mark.parametrize("layout", ["blobs", "blobs_variable"])
+def test_first_batches_come_by_ranged_reads_before_their_shards_are_cached(layout: str, tmp_path: Path,
+                                                                           request: pytest.FixtureRequest) -> None:
+    blobs = request.getfixturevalue(layout)
     cache = tmp_path / "cache"
     reference = list(make(blobs, tmp_path / "ref", ranged_reads=False).iter_batches())
     ds = make(blobs, cache)
+    assert offsets_known(ds) == (layout == "blobs")  # header with the first rows / header first
     gate = hold_downloads(ds)
     try:
         it = ds.iter_batches()
@@ -172,7 +190,9 @@ def test_no_ranged_reads_when_the_missing_shards_are_small(blobs: str, tmp_path:
     check_epoch(batches)
 
 
-def test_corrupt_offset_table_is_a_clear_error(blobs: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["blobs", "blobs_variable"])
+def test_corrupt_offset_table_is_a_clear_error(layout: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    blobs = request.getfixturevalue(layout)
     store = open_store(blobs)
     name = "shard.00003.mds"
     data = bytearray(store.get(name))

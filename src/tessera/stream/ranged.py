@@ -7,6 +7,9 @@ batch needs from it are fetched with one ranged GET each (adjacent rows merged),
 *sparse* in-memory copy of the shard: a memfd of the shard's size, of which only the header (count,
 offsets, config JSON) and the fetched rows are ever written, so only those pages use memory. A normal
 `ShardReader` maps it, so decoding, `gather` and the bytes served are exactly those of the cached file.
+The header is read first where it is needed to find the rows; when every column is fixed-size the
+offsets follow from index.json, so the header comes in the same round of requests as the first rows
+(one round trip, not two) and is checked against them before the reader opens.
 Once the download is done, the sparse copy is dropped and the shard is read from the cache as before.
 
 Not used (the reader waits for the whole shard as before) for: compressed shards (`zip_data`: a
@@ -54,15 +57,20 @@ PAGE = mmap.PAGESIZE
 
 @dataclass
 class SparseShard:
-    """The in-memory sparse copy of one shard: header written, `have[i]` when row i is."""
+    """The in-memory sparse copy of one shard: header written, `have[i]` when row i is.
 
-    reader: ShardReader
+    A shard whose offsets follow from index.json (`_computed_offsets`) starts without its header and
+    reader (`reader` None, `fd` open): the header is fetched together with the first rows, checked, and
+    only then is the reader opened (`_finish`)."""
+
+    reader: ShardReader | None
     buffer: mmap.mmap  # writable shared mapping of the memfd (the reader maps it read-only)
     offsets: np.ndarray  # int64, N + 1
     have: np.ndarray  # bool, N
     key: str
     store: Any
     cost: int  # bytes (whole pages) counted against MAX_BYTES
+    fd: int | None = None  # the memfd, until the reader has opened it
 
 
 class RangedReads:
@@ -167,7 +175,7 @@ class RangedReads:
     def _prepare(self, readers: dict[int, tuple[ShardReader, Any]], shards: np.ndarray, rows: np.ndarray,
                  prefetcher: Any) -> None:
         for shard, sp in list(self.sparse.items()):
-            if readers.get(shard, (None,))[0] is not sp.reader or not prefetcher.pending(shard):
+            if sp.reader is None or readers.get(shard, (None,))[0] is not sp.reader or not prefetcher.pending(shard):
                 self._drop(readers, shard)
         fresh = [s for s in dict.fromkeys(shards.tolist()) if self._epoch_served < MAX_SAMPLES and s not in readers
                  and self.eligible(s) and prefetcher.pending(s) and not self._cached(s)]
@@ -176,10 +184,13 @@ class RangedReads:
         if not fresh and not self.sparse:
             return
         pool = self._executor()
-        for shard, made in zip(fresh, list(pool.map(self._open, fresh)), strict=True):
-            if made is not None:
-                self.sparse[shard] = made
-                readers[shard] = (made.reader, _NoPin())
+        quick = {s: offsets for s in fresh if (offsets := self._computed_offsets(s)) is not None}
+        slow = [s for s in fresh if s not in quick]  # their header first: it holds the offsets
+        for shard, made in zip(slow, list(pool.map(self._open, slow)), strict=True):
+            self.sparse[shard] = made
+            readers[shard] = (made.reader, _NoPin())  # type: ignore[assignment]
+        for shard, offsets in quick.items():
+            self.sparse[shard] = self._blank(shard, offsets)
         jobs: list[tuple[int, SparseShard, int, int, np.ndarray]] = []
         budget = MAX_SAMPLES - self._epoch_served
         for shard in [s for s in dict.fromkeys(shards.tolist()) if s in self.sparse]:
@@ -197,8 +208,12 @@ class RangedReads:
             sp.cost += cost
             runs = np.split(need, np.flatnonzero(np.diff(need) != 1) + 1)  # adjacent rows: one request
             jobs.extend((shard, sp, int(sp.offsets[r[0]]), int(sp.offsets[r[-1] + 1]), r) for r in runs)
-        for _ in pool.map(self._fetch_rows, jobs):
-            pass
+        heads = [sp for shard, sp in self.sparse.items() if shard in quick]  # not dropped above
+        for job in [pool.submit(self._fetch_head, sp) for sp in heads] + [pool.submit(self._fetch_rows, j)
+                                                                         for j in jobs]:
+            job.result()
+        for shard in [s for s in quick if s in self.sparse]:
+            self._finish(readers, shard)
         for _, sp, _, _, run in jobs:
             sp.have[run] = True
             self.served += len(run)
@@ -207,13 +222,80 @@ class RangedReads:
     def _drop(self, readers: dict[int, tuple[ShardReader, Any]], shard: int) -> None:
         sp = self.sparse.pop(shard)
         self.held -= sp.cost  # freed once batches that still view its rows are gone (gather copies them)
+        if sp.fd is not None:
+            os.close(sp.fd)
+            sp.fd = None
         hit = readers.get(shard)
-        if hit is not None and hit[0] is sp.reader:
+        if hit is not None and hit[0] is sp.reader and sp.reader is not None:
             del readers[shard]
             sp.reader.close()
 
+    def _computed_offsets(self, shard: int) -> np.ndarray | None:
+        """The offsets of a shard whose columns are all fixed-size, from index.json alone: every sample
+        is sum(column_sizes) bytes and the samples end the file, so the first request can fetch rows and
+        the header at once (one round trip instead of two). None when a column varies in size or the
+        numbers leave no room for a header (then the header is read first, as for any shard)."""
+        si, sh = self.entries[shard]
+        entry = self.streams[si].entries[sh]
+        if any(size is None for size in entry.column_sizes):
+            return None
+        n, sample = entry.samples, sum(entry.column_sizes)
+        start = entry.raw_data.bytes - n * sample
+        if start < 4 * (n + 2):
+            return None
+        return start + sample * np.arange(n + 1, dtype=np.int64)
+
+    def _blank(self, shard: int, offsets: np.ndarray) -> SparseShard:
+        """A sparse copy with nothing written yet (header and rows come next, concurrently)."""
+        si, sh = self.entries[shard]
+        st = self.streams[si]
+        entry = st.entries[sh]
+        fd = os.memfd_create(f"tessera-ranged-{shard}", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, entry.raw_data.bytes)
+            buffer = mmap.mmap(fd, entry.raw_data.bytes)
+        except BaseException:
+            os.close(fd)
+            raise
+        cost = (int(offsets[0]) // PAGE + 1) * PAGE
+        self.held += cost
+        return SparseShard(None, buffer, offsets, np.zeros(entry.samples, bool), entry.raw_data.basename,
+                           st.remote_store, cost, fd)
+
+    def _finish(self, readers: dict[int, tuple[ShardReader, Any]], shard: int) -> None:
+        """After the header of a blank copy landed: check it against the computed offsets, then open the
+        reader (which parses it and checks the embedded config against index.json)."""
+        sp = self.sparse[shard]
+        si, sh = self.entries[shard]
+        st = self.streams[si]
+        n = len(sp.have)
+        head = np.frombuffer(sp.buffer, "<u4", n + 2, 0).astype(np.int64)
+        if head[0] != n or not np.array_equal(head[1:], sp.offsets):
+            self._drop(readers, shard)
+            raise CorruptShard(sp.store.url_for(sp.key), f"ranged read: the header (count {head[0]}, offsets "
+                               f"{head[1]}..{head[-1]}) is not what index.json implies ({n} samples of "
+                               f"{int(sp.offsets[1] - sp.offsets[0])} bytes); the shard or its index entry is "
+                               "corrupt", shard)
+        try:
+            sp.reader = st.open_reader(sh, Path(f"/proc/self/fd/{sp.fd}"), self._columns, self._unsafe)
+        except BaseException:
+            self._drop(readers, shard)
+            raise
+        os.close(sp.fd)  # type: ignore[arg-type]
+        sp.fd = None
+        readers[shard] = (sp.reader, _NoPin())
+
     # --- I/O (pool threads) -------------------------------------------------------------------------
-    def _open(self, shard: int) -> SparseShard | None:
+    @staticmethod
+    def _fetch_head(sp: SparseShard) -> None:
+        end = int(sp.offsets[0])
+        data = memoryview(sp.store.get_range_buffer(sp.key, 0, end)).cast("B")
+        if len(data) != end:
+            raise CorruptShard(sp.store.url_for(sp.key), f"ranged read of the header [0, {end}) returned "
+                               f"{len(data)} bytes", None)
+        sp.buffer[:end] = data
+
+    def _open(self, shard: int) -> SparseShard:
         """Read and check the shard's header (count, offsets, config) into a new sparse copy."""
         si, sh = self.entries[shard]
         st = self.streams[si]
