@@ -1,5 +1,6 @@
 """A stub of the few Kubernetes API endpoints the backend calls (no API server can run here). It stores
-what is created, serves pods and conditions the test sets, and records every request."""
+what is created (409 on a duplicate, PUT replaces), serves pods and conditions the test sets, fails the
+requests a test asks it to (`fail_next`), and records every request."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class KubeStub:
         self.conditions: dict[str, list[dict[str, Any]]] = {}           # job name -> conditions
         self.nodes: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, Any]] = []
+        self.faults: dict[tuple[str, str], list[int]] = {}              # (method, plural) -> next codes
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -58,6 +60,9 @@ class KubeStub:
             def do_POST(self) -> None:
                 self._handle("POST")
 
+            def do_PUT(self) -> None:
+                self._handle("PUT")
+
             def do_DELETE(self) -> None:
                 self._handle("DELETE")
 
@@ -77,6 +82,8 @@ class KubeStub:
         if kind == "nodes":
             return 200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": self.nodes}
         ns, plural, name = groups[0], groups[1], groups[2]
+        if self.faults.get((method, plural)):
+            return self._status(self.faults[(method, plural)].pop(0), f"injected failure of {method} {plural}")
         if kind == "pods":
             if groups[3]:
                 return 200, self.logs.get(name, ""), True
@@ -90,6 +97,11 @@ class KubeStub:
                 return self._status(409, f"{plural} {name} already exists")
             self.objects[(ns, plural, name)] = body
             return 201, body
+        if method == "PUT":
+            if key not in self.objects:
+                return self._status(404, f"{plural} {name} not found")
+            self.objects[key] = body
+            return 200, body
         if method == "DELETE":
             if self.objects.pop(key, None) is None:
                 return self._status(404, f"{plural} {name} not found")
@@ -100,6 +112,13 @@ class KubeStub:
         return 200, {**obj, "status": {"conditions": self.conditions.get(name, [])}}
 
     # --- helpers for tests ------------------------------------------------------------------------
+
+    def fail_next(self, method: str, plural: str, code: int = 500) -> None:
+        """Answer the next `method` request on `plural` (e.g. "POST", "jobs") with HTTP `code`, storing nothing."""
+        self.faults.setdefault((method, plural), []).append(code)
+
+    def stored(self, plural: str) -> list[str]:
+        return sorted(name for _, p, name in self.objects if p == plural)
 
     def set_pod(self, job: str, rank: int, phase: str, node: str = "node-a", exit_code: int | None = None,
                 reason: str | None = None) -> None:

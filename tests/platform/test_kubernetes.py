@@ -146,9 +146,67 @@ def test_jobset_status_and_nodes(stub: KubeStub, tmp_path: Path) -> None:
 
 def test_api_errors_are_cluster_errors(stub: KubeStub, tmp_path: Path) -> None:
     backend = KubernetesBackend("kube", {"host": stub.url})
-    backend.submit(request(tmp_path))
-    with pytest.raises(ClusterError, match="409"):
+    stub.fail_next("POST", "secrets", 403)
+    with pytest.raises(ClusterError, match="403"):
         backend.submit(request(tmp_path))
+    assert stub.objects == {}
+
+
+def test_failed_submit_deletes_what_it_created_and_a_retry_succeeds(stub: KubeStub, tmp_path: Path) -> None:
+    backend = KubernetesBackend("kube", {"host": stub.url, "namespace": "ml"})
+    req, name = request(tmp_path), job_name("kube", 0)
+    stub.fail_next("POST", "jobs", 500)
+    with pytest.raises(ClusterError, match="500") as failure:
+        backend.submit(req)
+    assert SECRET not in str(failure.value)
+    assert stub.objects == {}      # the Secret and ConfigMap this call created are gone
+    deleted = sorted(p for m, p, _ in stub.requests if m == "DELETE")
+    assert deleted == [f"/api/v1/namespaces/ml/configmaps/{name}-params",
+                       f"/api/v1/namespaces/ml/secrets/{name}-secrets"]
+    handle = backend.submit(req)
+    assert handle["job_id"] == name
+    assert (stub.stored("secrets"), stub.stored("jobs")) == ([f"{name}-secrets"], [name])
+
+
+def test_retry_replaces_a_secret_an_earlier_attempt_left(stub: KubeStub, tmp_path: Path) -> None:
+    """The supervisor died (or the Job create failed) after the Secret was made; the Secret was rotated since."""
+    backend = KubernetesBackend("kube", {"host": stub.url, "namespace": "ml"})
+    req = request(tmp_path)
+    secret, *_ = build_manifests(req, {"namespace": "ml"})
+    secret_name = secret["metadata"]["name"]
+    stub.objects[("ml", "secrets", secret_name)] = {**secret, "stringData": {"env.API_TOKEN": "old-token"}}
+    handle = backend.submit(req)
+    assert stub.objects[("ml", "secrets", secret_name)]["stringData"]["env.API_TOKEN"] == SECRET
+    assert ("PUT", f"/api/v1/namespaces/ml/secrets/{secret_name}") in [(m, p) for m, p, _ in stub.requests]
+    assert stub.stored("jobs") == [handle["job_id"]] and stub.stored("secrets") == [secret_name]
+    assert handle == backend.find(req)
+
+
+@pytest.mark.parametrize("nodes, plural", [(1, "jobs"), (2, "jobsets")])
+def test_submit_adopts_a_job_that_exists(stub: KubeStub, tmp_path: Path, nodes: int, plural: str) -> None:
+    """An earlier attempt created the Job/JobSet (then failed to record it): no second one is made."""
+    backend = KubernetesBackend("kube", {"host": stub.url})
+    req = request(tmp_path, nodes=nodes)
+    *_, job = build_manifests(req, {})
+    name = job["metadata"]["name"]
+    stub.objects[("default", plural, name)] = {**job, "metadata": {**job["metadata"], "uid": "earlier"}}
+    handle = backend.submit(req)
+    assert handle == backend.find(req) and (handle["job_id"], handle["kind"]) == (name, job["kind"])
+    assert stub.stored(plural) == [name] and stub.objects[("default", plural, name)]["metadata"]["uid"] == "earlier"
+    assert [m for m, p, _ in stub.requests if p.split("?")[0].endswith(f"/{plural}")] == ["POST"]
+
+
+def test_failed_job_create_that_was_applied_keeps_its_objects(stub: KubeStub, tmp_path: Path) -> None:
+    """A Job create can fail (504) after the API server took it: its Secret and ConfigMap must stay."""
+    backend = KubernetesBackend("kube", {"host": stub.url})
+    req = request(tmp_path)
+    *_, job = build_manifests(req, {})
+    stub.objects[("default", "jobs", job["metadata"]["name"])] = job
+    stub.fail_next("POST", "jobs", 504)
+    with pytest.raises(ClusterError, match="504"):
+        backend.submit(req)
+    assert len(stub.stored("secrets")) == len(stub.stored("configmaps")) == 1
+    assert backend.find(req) is not None
 
 
 def test_find_adopts_a_created_job_by_its_name(stub: KubeStub, tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ NODE_RANK comes from the pod's completion index, NNODES, MASTER_ADDR and MASTER_
 several ranks per node the command runs under torchrun. Secrets become a Secret object: env values are
 referenced with secretKeyRef (never inlined in the Job) and files are mounted at their mount path.
 Parameters are a ConfigMap mounted at /etc/tessera/parameters.yaml. Excluded nodes become a node
-affinity (kubernetes.io/hostname NotIn ...).
+affinity (kubernetes.io/hostname NotIn ...). Object names are fixed per resumption, so a retried submit
+replaces the Secret/ConfigMap an earlier attempt left and adopts its Job/JobSet (HTTP 409).
 
 Not done here (see docs/platform.md): gang admission (needs Kueue or a co-scheduler), hang detection
 (the heartbeat path is inside the pod; pointing TESSERA_HEARTBEAT at a URL the supervisor serves is the
@@ -54,6 +55,21 @@ def job_name(run_name: str, resumption: int) -> str:
 
 def _secret_key(name: str) -> str:
     return re.sub(r"[^-._a-zA-Z0-9]", "_", name)
+
+
+def _unless_exists(create: Any) -> Any:
+    """`create` returning True, or False where it would raise HTTP 409 AlreadyExists."""
+    from kubernetes.client.exceptions import ApiException
+
+    def call(*args: Any) -> bool:
+        try:
+            create(*args)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            return False
+        return True
+    return call
 
 
 def build_manifests(request: LaunchRequest, config: dict[str, Any]) -> list[dict[str, Any]]:
@@ -188,35 +204,65 @@ class KubernetesBackend(ClusterBackend):
             raise ClusterError(f"cluster {self.name!r} runs containers: set `image:` in the run spec or add the "
                                "cluster with --image")
 
+    def _handle(self, request: LaunchRequest, objects: list[dict[str, Any]]) -> dict[str, Any]:
+        job = objects[-1]
+        return {"job_id": job["metadata"]["name"], "kind": job["kind"], "namespace": self.namespace,
+                "folder": str(request.folder), "nodes": [], "grace": int(request.spec.scheduling.stop_grace),
+                "objects": [(o["kind"], o["metadata"]["name"]) for o in objects]}
+
     def submit(self, request: LaunchRequest) -> dict[str, Any]:
-        from kubernetes import client
-        api = self.api_client()
-        core, batch, custom = client.CoreV1Api(api), client.BatchV1Api(api), client.CustomObjectsApi(api)
+        """Create the Secret, ConfigMap and Job/JobSet. A retry of the same resumption (same names) after
+        an attempt that failed or died half-way succeeds: see `_create`. If a create fails, the objects
+        this call created are deleted before the error is raised."""
         objects = build_manifests(request, self.config)
+        handle = self._handle(request, objects)
         created: list[tuple[str, str]] = []
-        for obj in objects:
-            kind, name = obj["kind"], obj["metadata"]["name"]
-            if kind == "Secret":
-                self._call("creating the Secret", core.create_namespaced_secret, self.namespace, obj)
-            elif kind == "ConfigMap":
-                self._call("creating the ConfigMap", core.create_namespaced_config_map, self.namespace, obj)
-            elif kind == "Job":
-                self._call("creating the Job", batch.create_namespaced_job, self.namespace, obj)
-            else:
-                self._call("creating the JobSet", custom.create_namespaced_custom_object, JOBSET_GROUP,
-                           JOBSET_VERSION, self.namespace, "jobsets", obj)
-            created.append((kind, name))
-        kind, name = created[-1]
-        return {"job_id": name, "kind": kind, "namespace": self.namespace, "folder": str(request.folder),
-                "objects": created, "nodes": [], "grace": int(request.spec.scheduling.stop_grace)}
+        try:
+            for obj in objects:
+                if self._create(obj):
+                    created.append((obj["kind"], obj["metadata"]["name"]))
+        except ClusterError as exc:
+            raise ClusterError(f"{exc}{self._undo(handle, created)}") from None
+        return handle
+
+    def _create(self, obj: dict[str, Any]) -> bool:
+        """Create `obj`; True if this call created it. One that exists (HTTP 409) was made by an earlier
+        attempt at this submission: a Secret or ConfigMap is replaced (its content may differ, e.g. a
+        rotated secret), a Job/JobSet is that attempt's job and is kept (never a second one)."""
+        from kubernetes import client
+        api, ns = self.api_client(), self.namespace
+        kind, name = obj["kind"], obj["metadata"]["name"]
+        what = f"creating the {kind} {name}"
+        if kind == "Job":
+            return self._call(what, _unless_exists(client.BatchV1Api(api).create_namespaced_job), ns, obj)
+        if kind == "JobSet":
+            create = client.CustomObjectsApi(api).create_namespaced_custom_object
+            return self._call(what, _unless_exists(create), JOBSET_GROUP, JOBSET_VERSION, ns, "jobsets", obj)
+        core = client.CoreV1Api(api)
+        create, replace = ((core.create_namespaced_secret, core.replace_namespaced_secret) if kind == "Secret"
+                           else (core.create_namespaced_config_map, core.replace_namespaced_config_map))
+        if self._call(what, _unless_exists(create), ns, obj):
+            return True
+        self._call(f"replacing the {kind} {name}", replace, name, ns, obj)
+        return False
+
+    def _undo(self, handle: dict[str, Any], created: list[tuple[str, str]]) -> str:
+        """Delete what a failed submit created (best effort); a note for its error message. Not if the
+        job exists after all (a create can fail, e.g. time out, after the API server applied it): those
+        objects are its own, and `find` adopts it."""
+        if not created:
+            return ""
+        try:
+            if self._job_conditions(handle) is not None:
+                return ""
+        except ClusterError:
+            return f"; left {', '.join(f'{k} {n}' for k, n in created)} (cannot tell if the job was created)"
+        failed = self._delete_objects(handle["namespace"], created)
+        return f"; could not delete {', '.join(failed)}" if failed else ""
 
     def find(self, request: LaunchRequest) -> dict[str, Any] | None:
         """The Job or JobSet of `request`, by its name (one per resumption), if it was created."""
-        objects = build_manifests(request, self.config)
-        kind, name = objects[-1]["kind"], objects[-1]["metadata"]["name"]
-        handle = {"job_id": name, "kind": kind, "namespace": self.namespace, "folder": str(request.folder),
-                  "objects": [(o["kind"], o["metadata"]["name"]) for o in objects], "nodes": [],
-                  "grace": int(request.spec.scheduling.stop_grace)}
+        handle = self._handle(request, build_manifests(request, self.config))
         return handle if self._job_conditions(handle) is not None else None
 
     def _pods(self, handle: dict[str, Any]) -> list[Any]:
@@ -332,17 +378,21 @@ class KubernetesBackend(ClusterBackend):
             pass
 
     def cleanup(self, handle: dict[str, Any]) -> None:
+        self._delete_objects(handle["namespace"], handle.get("objects", []))
+
+    def _delete_objects(self, namespace: str, objects: list[tuple[str, str]]) -> list[str]:
+        """Delete the Secrets and ConfigMaps among `objects`; those that could not be deleted."""
         from kubernetes import client
         core = client.CoreV1Api(self.api_client())
-        for kind, name in handle.get("objects", []):
-            try:
-                if kind == "Secret":
-                    self._call("deleting the Secret", core.delete_namespaced_secret, name, handle["namespace"])
-                elif kind == "ConfigMap":
-                    self._call("deleting the ConfigMap", core.delete_namespaced_config_map, name,
-                               handle["namespace"])
-            except ClusterError:
-                continue
+        calls = {"Secret": core.delete_namespaced_secret, "ConfigMap": core.delete_namespaced_config_map}
+        failed = []
+        for kind, name in objects:
+            if kind in calls:
+                try:
+                    self._call(f"deleting the {kind} {name}", calls[kind], name, namespace)
+                except ClusterError:
+                    failed.append(f"{kind} {name}")
+        return failed
 
     def nodes(self) -> list[NodeInfo]:
         from kubernetes import client
