@@ -298,10 +298,11 @@ class StreamingDataset(IterableDataset):
         return sched, world, layout
 
     def _batches(self, sched: BatchSchedule | StreamSchedule,
-                 layout: DeviceLayout) -> Iterator[tuple[int, np.ndarray]]:
-        """(t, sample ids) of each rank batch this reader serves; the last global batch wraps around."""
+                 layout: DeviceLayout) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(shard ids, in-shard indices) of each rank batch this reader serves; the last global batch wraps
+        around. Computed a chunk of batches at a time (numpy calls per batch cost more than the math)."""
         if isinstance(sched, StreamSchedule):
-            yield from sched.worker_batches(layout)
+            yield from (self._locate(ids) for _, ids in sched.worker_batches(layout))
             return
         n, G = len(sched.plan), sched.global_batch_size
         ts_all = sched.worker_batch_indices(layout)
@@ -310,8 +311,8 @@ class StreamingDataset(IterableDataset):
             ts = np.asarray(ts_all[i:i + step], dtype=np.int64)
             pos = rank_positions(sched.start + ts * G, G, sched.plan.num_lanes, layout.rank, layout.world_size,
                                  layout.ranks_per_node)
-            ids = sched.plan.samples_at((pos % n).reshape(-1)).reshape(pos.shape)
-            yield from zip(ts.tolist(), ids, strict=True)
+            shards, local = self._locate(sched.plan.samples_at((pos % n).reshape(-1)))
+            yield from zip(shards.reshape(pos.shape), local.reshape(pos.shape), strict=True)
 
     def _prefetcher(self, sched: BatchSchedule | StreamSchedule, layout: DeviceLayout) -> Prefetcher:
         if all(st.remote_store is None for st in self.streams):  # local-only: nothing to fetch (prefetch.py)
@@ -332,7 +333,7 @@ class StreamingDataset(IterableDataset):
         done = 0
         try:
             batches, sizes = self._batches(sched, layout), group_sizes(group)  # a worker's groups (DataLoader items)
-            while chunk := [self._locate(ids) for _, ids in itertools.islice(batches, next(sizes))]:
+            while chunk := list(itertools.islice(batches, next(sizes))):
                 self._ranged.batch(self._readers, chunk, prefetcher)  # a worker's group of batches at once
                 for shards, local in chunk:
                     yield shards, local, prefetcher

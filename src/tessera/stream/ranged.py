@@ -136,8 +136,8 @@ class RangedReads:
         """The reader is about to serve these batches ((shards, rows) each; a DataLoader worker's group):
         remember them, and if sparse copies are in use, refresh them and fetch the rows they need. Nothing
         else when no sparse copy is in use: this runs thousands of times a second."""
-        if self._go is not None and self._current is not None:  # past the first batch: downloads go
-            self._go.set()
+        if self._go is not None and self._current is not None and not self._go.is_set():  # past the first batch
+            self._go.set()  # downloads go (set once: Event.set takes a lock and notifies every time)
         if len(batches) == 1:
             self._current = batches[0]
         else:
