@@ -1,6 +1,7 @@
 """Shared batch slots (slots.py) and the one-call gather (gather.py).
 
-- `gather` copies each column of a batch with one index_select over a span of all its shards' rows:
+- `gather` copies each column of a batch with one index_select over a span of all its shards' rows
+  (RowAddresses, which follows readers closed and reopened at other addresses):
   the result equals reading the samples one by one, for any rows of any shards (hypothesis), into
   pooled arrays or given ones, for strided multi-column layouts; mixed layouts are refused.
 - `SlotRing`: a slot is reused only once nothing refers to the batch handed out from it (tensor, torch
@@ -27,6 +28,7 @@ from tessera.shards.reader import ShardReader  # noqa: E402
 from tessera.shards.writer import ShardWriter  # noqa: E402
 from tessera.stream import StreamingDataLoader, StreamingDataset, slots  # noqa: E402
 from tessera.stream.gather import gather  # noqa: E402
+from tessera.stream.row_addresses import RowAddresses  # noqa: E402
 from tessera.stream.slots import FILLED, FREE, OUT, SlotRing  # noqa: E402
 
 FIXED = {"id": "int", "x": "ndarray:int16:5", "w": "float32", "tokens": "ndarray:uint16:3,4"}
@@ -71,6 +73,30 @@ def test_gather_equals_samples_read_one_by_one(fixed_ds: Path, ids: list[int], i
         want = sample(i)
         for name, value in want.items():
             assert np.array_equal(batch[name][j], value), (name, i)
+
+
+def test_row_addresses_follow_readers_that_are_closed_and_reopened(tmp_path: Path) -> None:
+    """One RowAddresses over a dataset of 100+ shards (its arrays grow), readers closed and reopened at
+    other addresses between batches: every batch still equals the samples read one by one."""
+    write_fixed(tmp_path / "many", 500, size_limit=240)
+    ds = StreamingDataset(local=str(tmp_path / "many"), batch_size=1)
+    assert len(ds._entries) > 100
+    book, open_now = RowAddresses(), {}
+
+    def reader(shard: int) -> ShardReader:
+        if shard not in open_now:
+            open_now[shard] = ShardReader(ds._path(shard), ds.streams[0].entries[shard])
+        return open_now[shard]
+
+    rng = np.random.default_rng(7)
+    for round_ in range(6):
+        ids = rng.choice(500, size=64, replace=True)
+        shards, rows = ds._locate(ids)
+        batch = gather(reader, shards, rows, addresses=book)
+        for j, i in enumerate(ids.tolist()):
+            assert np.array_equal(batch["tokens"][j], sample(i)["tokens"]) and batch["id"][j] == i
+        for shard in list(open_now)[round_ % 2::2]:  # close half of them: reopened at new addresses
+            open_now.pop(shard).close()
 
 
 def test_gather_refuses_a_batch_of_shards_whose_columns_do_not_stack(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from tessera.stream.gather import BatchRefs, gather, gather_to_slot
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.prefetch import NoPrefetch, Prefetcher
 from tessera.stream.ranged import RangedReads
+from tessera.stream.row_addresses import RowAddresses
 from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes, rank_positions
 from tessera.stream.slots import Layout, SlotRing
 from tessera.stream.state import StageTimes, check_resume_state, make_state
@@ -114,12 +115,13 @@ class StreamingDataset(IterableDataset):
         self._epoch = 0
         self._resume: PlanState | None = None
         self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
+        self._rows = RowAddresses()  # where open shards keep their rows, for gather (per process)
         self.stage_times = StageTimes()
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable for spawn/forkserver DataLoader workers: open shard readers (mmaps) stay behind."""
         state = self.__dict__.copy()
-        state["_readers"] = OrderedDict()
+        state["_readers"], state["_rows"] = OrderedDict(), RowAddresses()
         return state
 
     # --- checks -----------------------------------------------------------------------------------
@@ -357,7 +359,7 @@ class StreamingDataset(IterableDataset):
         """Whole per-device batches: fixed-size columns stacked into arrays, others as lists."""
         for shards, local, prefetcher in self._epoch_batches():
             t0 = time.perf_counter()
-            yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local)
+            yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local, addresses=self._rows)
             self.stage_times.decode += time.perf_counter() - t0
 
     def iter_batch_groups(self, group: int, refs: bool, ring: SlotRing | None = None,
@@ -376,11 +378,11 @@ class StreamingDataset(IterableDataset):
         for shards, local, prefetcher in self._epoch_batches(group):
             t0 = time.perf_counter()
             read = lambda shard, p=prefetcher: self._reader(shard, p)  # noqa: E731
-            slots.append(gather_to_slot(ring, worker, read, shards, local))  # opens the shards it reads
+            slots.append(gather_to_slot(ring, worker, read, shards, local, self._rows))  # opens the shards it reads
             for shard in () if slots[-1] else dict.fromkeys(shards.tolist()):  # (cheaper than np.unique)
                 read(shard)  # present, pinned and open before anyone is told
             if not slots[-1] and self._ranged.sparse and self._ranged.sparse.keys() & set(shards.tolist()):
-                data[len(pending)] = gather(read, shards, local)  # not in the cache: ranged reads
+                data[len(pending)] = gather(read, shards, local, addresses=self._rows)  # not cached: ranged reads
             pending.append((shards, local))
             self.stage_times.decode += time.perf_counter() - t0
             if len(pending) == size:
@@ -400,5 +402,5 @@ class StreamingDataset(IterableDataset):
             if slot is not None:
                 yield ring.hand_out(slot[0], slot[1], len(shards))  # type: ignore[union-attr]
             else:
-                yield given if given is not None else gather(self._reader, shards, rows)
+                yield given if given is not None else gather(self._reader, shards, rows, addresses=self._rows)
             self.stage_times.decode += time.perf_counter() - t0  # includes the consumer's time, as above

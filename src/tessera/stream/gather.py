@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
 from tessera.shards.encodings import FixedEncoding, lookup_encoding
 from tessera.shards.index import ShardEntry
 from tessera.shards.reader import ShardReader
-from tessera.stream.slots import Layout, SlotRing, layout_of
+from tessera.stream.row_addresses import RowAddresses, row_table
+from tessera.stream.slots import Layout, SlotRing
 
 # Batches per DataLoader item when workers send BatchRefs: torch's per-item cost (~0.3-0.5 ms on two
 # loaded cores) is then paid once per 16 batches, and a group is still tiny (16 x 64 x 16 bytes).
@@ -100,13 +100,13 @@ class BatchRefs:
 
 
 def gather_to_slot(ring: SlotRing | None, worker: int, reader: Callable[[int], ShardReader], shards: np.ndarray,
-                   rows: np.ndarray) -> tuple[int, Layout] | None:
+                   rows: np.ndarray, addresses: RowAddresses | None = None) -> tuple[int, Layout] | None:
     """In a worker: gather a batch into a free shared slot; (slot, layout), or None when there is no ring,
     no free slot or the columns are not all fixed-size (the batch then goes as plain BatchRefs)."""
     layout = batch_layout(reader(int(shards[0]))) if ring is not None and len(shards) else None
     if layout is None:
         return None
-    slot = ring.fill(worker, layout, len(shards), lambda out: gather(reader, shards, rows, out=out))  # type: ignore[union-attr]
+    slot = ring.fill(worker, layout, len(shards), lambda out: gather(reader, shards, rows, out, addresses))  # type: ignore[union-attr]
     return (slot, layout) if slot >= 0 else None
 
 
@@ -123,110 +123,32 @@ def all_fixed_size(entries: Sequence[ShardEntry], columns: Sequence[str] | None)
 
 
 def gather(reader: Callable[[int], ShardReader], shards: np.ndarray, rows: np.ndarray,
-           out: dict[str, np.ndarray] | None = None) -> dict[str, Any]:
+           out: dict[str, np.ndarray] | None = None, addresses: RowAddresses | None = None) -> dict[str, Any]:
     """One batch: fixed-size columns stacked into arrays (in batch order), others as lists.
 
     `reader(shard)` opens (or returns the open) reader of a shard. With `out` (arrays of the batch's
     layout, e.g. a shared slot: slots.py) fixed-size columns are written there and it is returned;
-    otherwise into arrays of `OUTPUTS` (see OutputPool).
-
-    This runs once per batch (~8k batches/s at 2 GB/s of 256 KB batches), and a shuffled batch often
-    holds a few rows of each of many shards. Copying shard by shard (a gather and a scatter per shard)
-    or row by row (a view per row, then np.stack) cost 80-120 us per 64 x 4 KB batch over 15 shards,
-    of which the copies are ~30. So the rows of every shard are copied by one `torch.index_select` per
-    column: each row's byte address is its shard's base address + row x the shard's row stride, and the
-    source is one uint8 view spanning the lowest to the highest address with a row stride of one byte
-    (`_span`): row k of that view is the `row_bytes` bytes starting at address lo + k. Only those
-    rows are ever read, and the shards' column views, held here during the copy, keep every mapping
-    alive. 28 us for the same batch.
+    otherwise into arrays of `OUTPUTS` (see OutputPool). Fixed-size columns are copied by one
+    `torch.index_select` per column whatever the number of shards (row_addresses.py); pass the caller's
+    `RowAddresses` (one per dataset and process) so shards already seen cost a lookup, not a table.
+    Measured on 64 x 4 KB rows over 15 shards: ~45 us single-threaded (80-120 us before, shard by shard
+    or row by row).
     """
-    ids = shards.tolist()
-    uniq = list(dict.fromkeys(ids))
-    tables = [_row_table(reader(shard)) for shard in uniq]
-    if any(t is None for t in tables):
+    book = addresses if addresses is not None else RowAddresses()
+    uniq = list(dict.fromkeys(shards.tolist()))
+    if not all([book.see(shard, reader(shard)) for shard in uniq]):  # (all opened, then checked)
         return _gather_decoded(reader, uniq, shards, rows)
-    if len(uniq) == 1:
-        which = np.zeros(len(ids), np.intp)
-    else:
-        lookup = {shard: i for i, shard in enumerate(uniq)}
-        which = np.fromiter((lookup[s] for s in ids), np.intp, len(ids))
-    stride = np.array([t.stride for t in tables], np.int64)[which]  # type: ignore[union-attr]
-    row_starts = rows.astype(np.int64, copy=False) * stride
-    first: _RowTable = tables[0]  # type: ignore[assignment]
-    for shard, table in zip(uniq, tables, strict=True):
-        if table.layout != first.layout:  # type: ignore[union-attr]
-            raise ValueError(f"a batch mixes shards whose columns do not stack: shard {uniq[0]} has "
-                             f"{first.layout}, shard {shard} has {table.layout}")  # type: ignore[union-attr]
+    layout = book.layout(shards)
     if out is None:
-        out = {name: OUTPUTS.empty((len(ids), *shape), dtype) for name, dtype, shape in first.layout}
-    for c, (name, _, _) in enumerate(first.layout):
-        base = np.array([t.bases[c] for t in tables], np.int64)[which]  # type: ignore[union-attr]
-        _copy_rows(base + row_starts, first.row_bytes[c], out[name])
+        out = {name: OUTPUTS.empty((len(shards), *shape), dtype) for name, dtype, shape in layout}
+    book.copy(shards, rows, out)
     return out
-
-
-@dataclass(frozen=True)
-class _RowTable:
-    """Where a shard's rows are: per selected column the address of row 0 and its bytes per row, and the
-    row stride (the shard's sample size). `views` keeps the mapping alive while the table is in use."""
-
-    layout: Layout
-    bases: tuple[int, ...]
-    row_bytes: tuple[int, ...]
-    stride: int
-    views: tuple[tuple[str, np.ndarray], ...]
-
-
-def _row_table(reader: ShardReader) -> _RowTable | None:
-    """The row table of a reader whose columns are all fixed-size, else None; kept on the reader."""
-    table = reader.__dict__.get("_row_table", False)
-    if table is False:
-        views = _column_views(reader)
-        table = None
-        if views is not None:
-            stride = views[0][1].strides[0] if views and views[0][1].ndim else 0
-            table = _RowTable(layout_of(views), tuple(v.__array_interface__["data"][0] for _, v in views),
-                              tuple(v.dtype.itemsize * int(np.prod(v.shape[1:], dtype=np.int64)) for _, v in views),
-                              int(stride), views)
-        reader.__dict__["_row_table"] = table
-    return table
-
-
-class _Span:
-    """`n` bytes at address `addr`, as an array interface (numpy then wraps memory it does not own)."""
-
-    def __init__(self, addr: int, n: int) -> None:
-        self.__array_interface__ = {"data": (addr, False), "shape": (n,), "typestr": "|u1", "version": 3}
-
-
-def _copy_rows(addresses: np.ndarray, row_bytes: int, dest: np.ndarray) -> None:
-    """dest[k] = the `row_bytes` bytes at addresses[k], for every k (dest is C-contiguous)."""
-    if not len(addresses) or not row_bytes:
-        return
-    lo = int(addresses.min())
-    span = torch.from_numpy(np.asarray(_Span(lo, int(addresses.max()) - lo + row_bytes)))
-    rows = span.as_strided((span.numel() - row_bytes + 1, row_bytes), (1, 1))
-    target = torch.from_numpy(dest.reshape(len(addresses), -1).view(np.uint8))
-    torch.index_select(rows, 0, torch.from_numpy(addresses - lo), out=target)
 
 
 def batch_layout(reader: ShardReader) -> Layout | None:
     """The slot layout of batches from this shard (slots.py), or None if its columns are not all fixed-size."""
-    table = _row_table(reader)  # kept on the reader: one layout object per shard, pickled once per group
+    table = row_table(reader)  # kept on the reader: one layout object per shard, pickled once per group
     return None if table is None else table.layout
-
-
-def _column_views(reader: ShardReader) -> tuple[tuple[str, np.ndarray], ...] | None:
-    """Zero-copy views of the selected columns, or None for shards with variable-size columns. Built once
-    per reader and kept on it (it lives as long as the mapping): gather calls this for every batch."""
-    views = reader.__dict__.get("_gather_views", False)
-    if views is False:
-        try:
-            views = tuple((name, reader.column_view(name)) for name in reader.columns)
-        except ValueError:  # not all columns fixed-size: no strided views of this shard
-            views = None
-        reader.__dict__["_gather_views"] = views
-    return views
 
 
 def _gather_decoded(reader: Callable[[int], ShardReader], uniq: list[int], shards: np.ndarray,
