@@ -201,8 +201,11 @@ class StreamingDataLoader(DataLoader):
             if self._refs:
                 ds._close_readers()  # the mappings (and pins) this process opened to gather
                 if os.environ.get("TESSERA_STREAM_PROFILE"):
+                    slots = f", {self._ring.handed_out} batches from shared slots" if self._ring else ""
                     print(f"[tessera.stream] training process: gather (of the workers' BatchRefs)+consume "
-                          f"{ds.stage_times.decode:.2f}s", file=sys.stderr)
+                          f"{ds.stage_times.decode:.2f}s{slots}", file=sys.stderr)
+                if self._ring is not None:
+                    self._ring.handed_out = 0
                 ds.stage_times = StageTimes()
         self._epoch += 1  # a finished epoch: the next iteration starts the next one from its start
         ds.set_epoch(self._epoch)

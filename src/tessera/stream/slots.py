@@ -87,6 +87,7 @@ class SlotRing:
         self.state = np.frombuffer(self._mm, np.uint8, count)
         self._slots: dict[int, _Slot] = {}  # this process's arrays per slot (each process builds its own)
         self._out: deque[int] = deque()  # training process: slots handed out, not yet free
+        self.handed_out = 0  # batches handed out from slots (for TESSERA_STREAM_PROFILE)
 
     @classmethod
     def sized_for(cls, workers: int, batch_bytes: int) -> SlotRing | None:
@@ -137,6 +138,7 @@ class SlotRing:
         slot = self._slot(index, layout, rows)
         self.state[index] = OUT
         self._out.append(index)
+        self.handed_out += 1
         return dict(slot.arrays)
 
     def reclaim(self) -> None:
