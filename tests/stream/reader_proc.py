@@ -1,11 +1,12 @@
 """A real reader process for the streaming tests: `python reader_proc.py JOBS.json OUT.json`.
 
-`python reader_proc.py --serve` is a fork server: it imports torch and tessera once, then for each
-command line on stdin ({"jobs", "out", "log", "env"}) forks a child that starts a session of its own,
-replaces its environment with "env" (RANK, WORLD_SIZE, ...), runs the jobs as above and exits; the
-server prints the child's pid, reaps it and writes its exit status to OUT.rc (-9 when SIGKILLed). Each
-child is a separate OS process with its own rank environment and its own DataLoader workers; the server
-only saves the ~3 s interpreter start-up per process (two shared cores run dozens of these per test run).
+`python reader_proc.py --serve` is a fork server (tests/fork_server.py): it imports torch and tessera
+once, then for each command line on stdin ({"jobs", "out", "log", "env"}) forks a child that starts a
+session of its own, replaces its environment with "env" (RANK, WORLD_SIZE, ...), runs the jobs as above
+and exits; the server prints the child's pid, reaps it and writes its exit status to OUT.rc (-9 when
+SIGKILLed). Each child is a separate OS process with its own rank environment and its own DataLoader
+workers; the server only saves the ~3 s interpreter start-up per process (two shared cores run dozens of
+these per test run).
 
 The rank comes from RANK / WORLD_SIZE / LOCAL_WORLD_SIZE in the environment, as under torchrun. Each job
 builds a StreamingDataset and a StreamingDataLoader (with real DataLoader worker processes when
@@ -29,17 +30,16 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fork_server
 
+import fork_server  # noqa: E402
 import helpers  # noqa: E402
 
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
@@ -126,57 +126,10 @@ def run_jobs(jobs_path: str, out_path: str) -> None:
     write_atomic(Path(out_path), json.dumps([run(job) for job in jobs]))
 
 
-def child(cmd: dict) -> None:
-    """In the forked child: become a process of our own and run the jobs; never returns."""
-    code = 1
-    try:
-        os.setsid()  # a process group of its own: the test may SIGKILL it with its DataLoader workers
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        log = os.open(cmd["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        os.environ.clear()
-        os.environ.update(cmd["env"])
-        run_jobs(cmd["jobs"], cmd["out"])
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
 def serve() -> None:
-    """Fork a child per command line on stdin; write each child's exit status next to its output."""
-    children: dict[int, str] = {}
-    buffer = b""
-    open_input = True
-    while open_input or children:
-        if open_input and select.select([0], [], [], 0.01)[0]:
-            data = os.read(0, 65536)
-            open_input = bool(data)
-            buffer += data
-            while b"\n" in buffer:
-                line, buffer = buffer.split(b"\n", 1)
-                cmd = json.loads(line)
-                pid = os.fork()
-                if pid == 0:
-                    child(cmd)
-                children[pid] = cmd["out"]
-                sys.stdout.write(f"{pid}\n")
-                sys.stdout.flush()
-        elif not open_input:
-            time.sleep(0.01)
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            out = children.pop(pid, None)
-            if out is not None:
-                write_atomic(Path(out + ".rc"), str(os.waitstatus_to_exitcode(status)))
+    """Fork a reader per command line on stdin ({"jobs", "out", "log", "env"}, see fork_server.py); its exit
+    status goes to OUT.rc, where helpers.Proc.poll looks for it."""
+    fork_server.serve(lambda cmd: run_jobs(cmd["jobs"], cmd["out"]), rc_path=lambda cmd: cmd["out"] + ".rc")
 
 
 if __name__ == "__main__":

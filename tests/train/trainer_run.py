@@ -24,6 +24,9 @@ from tessera.shards import ShardWriter
 from tessera.stream import StreamingDataLoader, StreamingDataset
 from tessera.train import Callback, CosineWithWarmup, SimulatedOutOfMemory, Trainer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fork_server
+import fork_server  # noqa: E402
+
 COLUMNS = {"id": "int", "x": "ndarray:float32:8", "y": "int"}
 FEATURES, CLASSES = 8, 4
 
@@ -177,51 +180,13 @@ def _run_child(cfg: dict[str, Any]) -> None:
 
 
 def serve() -> None:
-    """A fork server (`--serve`): torch and tessera are imported once; each stdin line
-    {"cfg", "env", "log", "rc"} forks a child in a session of its own, with `env` as its whole environment
-    (RANK, WORLD_SIZE, ...) and stdout/stderr to `log`, which runs `cfg`. The server prints the child's pid
-    and, when it exits, writes its exit status to `rc` (-9 when SIGKILLed). No torch op runs in the
-    server, so children start without thread pools; each is a separate OS process."""
-    import select
-    import traceback
-
+    """A fork server (`--serve`, see tests/fork_server.py): torch and tessera are imported once; each stdin
+    line {"cfg", "env", "log", "rc"} forks a child that runs `cfg`, and its exit status goes to `rc`. No
+    torch op runs in the server, so children start without thread pools."""
     import torch._dynamo  # noqa: F401  (optimizers import it on first use: pay once, here)
     import torch.distributed.checkpoint  # noqa: F401
 
-    children: dict[int, str] = {}
-    pending, stdin_open = b"", True
-    while stdin_open or children:
-        if stdin_open and select.select([0], [], [], 0.05)[0]:
-            chunk = os.read(0, 1 << 16)
-            stdin_open = bool(chunk)
-            pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            cmd = json.loads(line)
-            pid = os.fork()
-            if pid == 0:
-                code = 1
-                try:
-                    os.setsid()
-                    os.environ.clear()
-                    os.environ.update(cmd["env"])
-                    fd = os.open(cmd["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-                    os.dup2(fd, 1)
-                    os.dup2(fd, 2)
-                    _run_child(cmd["cfg"])
-                    code = 0
-                except BaseException:
-                    traceback.print_exc()
-                finally:
-                    sys.stdout.flush()
-                    sys.stderr.flush()
-                    os._exit(code)
-            children[pid] = cmd["rc"]
-            print(pid, flush=True)
-        for pid in list(children):
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                Path(children.pop(pid)).write_text(str(os.waitstatus_to_exitcode(status)))
+    fork_server.serve(lambda cmd: _run_child(cmd["cfg"]), rc_path=lambda cmd: cmd["rc"])
 
 
 if __name__ == "__main__":
