@@ -189,6 +189,18 @@ def test_workers_gather_into_slots_and_batches_equal_the_main_process(fixed_ds: 
         _same(got, _main_process_batches(fixed_ds, epoch))
 
 
+def test_an_iteration_broken_off_leaves_the_ring_to_the_next_one(fixed_ds: Path) -> None:
+    ds = StreamingDataset(local=str(fixed_ds), batch_size=8, shuffle=True, shuffle_seed=5)
+    loader = StreamingDataLoader(ds, num_workers=2, batch_path=True)
+    it = iter(loader)
+    early = [next(it) for _ in range(3)]  # held while the next iteration runs
+    it.close()  # broken off mid-epoch: its workers stop, the same epoch starts again below
+    again = [{k: v.numpy().copy() for k, v in b.items()} for b in loader]
+    assert all(_in_ring(loader._ring, b["id"]) for b in early)
+    _same(again, _main_process_batches(fixed_ds))
+    _same([{k: v.numpy() for k, v in b.items()} for b in early], _main_process_batches(fixed_ds)[:3])
+
+
 def test_a_consumer_keeping_every_batch_never_sees_one_overwritten(fixed_ds: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(slots, "SLOTS_PER_WORKER", 3)  # 50 batches, 6 slots: most go as plain refs

@@ -308,9 +308,10 @@ class StreamingDataset(IterableDataset):
             return
         n, G = len(sched.plan), sched.global_batch_size
         ts_all = sched.worker_batch_indices(layout)
-        step = max(1, 16384 // max(1, G // layout.world_size))
-        for i in range(0, len(ts_all), step):
+        most, i, step = max(1, 16384 // max(1, G // layout.world_size)), 0, 1
+        while i < len(ts_all):  # chunks of 1, 2, 4, ... batches: the first batch waits for one batch's plan
             ts = np.asarray(ts_all[i:i + step], dtype=np.int64)
+            i, step = i + len(ts), min(2 * step, most)
             pos = rank_positions(sched.start + ts * G, G, sched.plan.num_lanes, layout.rank, layout.world_size,
                                  layout.ranks_per_node)
             shards, local = self._locate(sched.plan.samples_at((pos % n).reshape(-1)))

@@ -197,7 +197,8 @@ class StreamingDataLoader(DataLoader):
                     self._batches_seen += 1
                     yield batch
         finally:
-            self._ring_in_use = False
+            del items  # the DataLoader iterator: dropping it stops this iteration's workers (they fill
+            self._ring_in_use = False  # slots of the ring) before another iteration may take the ring
             if self._refs:
                 ds._close_readers()  # the mappings (and pins) this process opened to gather
                 if os.environ.get("TESSERA_STREAM_PROFILE"):
