@@ -152,7 +152,14 @@ class RunPlan:
         return h.hexdigest()[:32]
 
     def epoch(self, epoch: int) -> EpochPlan:
-        return EpochPlan(self, epoch)
+        """One epoch's plan. The last one is kept: it is immutable, costs a few ms to build (more with
+        many shards) and is asked for several times per epoch (len(), the resume state, the schedule),
+        which was most of the time a resumed reader took to its first batch."""
+        last = self.__dict__.get("_last_epoch")
+        if last is not None and last.epoch == epoch:
+            return last
+        plan = self.__dict__["_last_epoch"] = EpochPlan(self, epoch)
+        return plan
 
     def check_state(self, state: PlanState) -> None:
         """Raise `PlanStateMismatch` naming the first setting in which `state` differs from this run."""
