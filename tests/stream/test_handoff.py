@@ -30,9 +30,12 @@ import helpers  # noqa: E402
 
 from tessera.shards.reader import ShardReader  # noqa: E402
 from tessera.storage import NotFound  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
 from tessera.storage import fork_gate as fork_gate_module  # noqa: E402
-from tessera.stream import forksafe  # noqa: E402
+from tessera.stream import (  # noqa: E402
+    StreamingDataLoader,
+    StreamingDataset,
+    forksafe,  # noqa: E402
+)
 from tessera.stream.forksafe import call_outside_runtime  # noqa: E402
 from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather  # noqa: E402
 from tessera.stream.schedule import DeviceLayout, WorkerBatches, group_sizes  # noqa: E402

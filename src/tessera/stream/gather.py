@@ -25,7 +25,7 @@ import numpy as np
 from tessera.shards.encodings import FixedEncoding, lookup_encoding
 from tessera.shards.index import ShardEntry
 from tessera.shards.reader import ShardReader
-from tessera.stream.row_addresses import RowAddresses, row_table
+from tessera.stream.row_addresses import RowAddresses
 from tessera.stream.slots import Layout, SlotRing
 
 # Batches per DataLoader item when workers send BatchRefs: torch's per-item cost (~0.3-0.5 ms on two
@@ -103,10 +103,13 @@ def gather_to_slot(ring: SlotRing | None, worker: int, reader: Callable[[int], S
                    rows: np.ndarray, addresses: RowAddresses | None = None) -> tuple[int, Layout] | None:
     """In a worker: gather a batch into a free shared slot; (slot, layout), or None when there is no ring,
     no free slot or the columns are not all fixed-size (the batch then goes as plain BatchRefs)."""
-    layout = batch_layout(reader(int(shards[0]))) if ring is not None and len(shards) else None
+    if ring is None or not len(shards):
+        return None
+    book = addresses if addresses is not None else RowAddresses()
+    layout = book.batch_layout(reader, shards)  # opens the shards
     if layout is None:
         return None
-    slot = ring.fill(worker, layout, len(shards), lambda out: gather(reader, shards, rows, out, addresses))  # type: ignore[union-attr]
+    slot = ring.fill(worker, layout, len(shards), lambda out: book.copy(shards, rows, out))
     return (slot, layout) if slot >= 0 else None
 
 
@@ -135,20 +138,13 @@ def gather(reader: Callable[[int], ShardReader], shards: np.ndarray, rows: np.nd
     or row by row).
     """
     book = addresses if addresses is not None else RowAddresses()
-    uniq = list(dict.fromkeys(shards.tolist()))
-    if not all([book.see(shard, reader(shard)) for shard in uniq]):  # (all opened, then checked)
-        return _gather_decoded(reader, uniq, shards, rows)
-    layout = book.layout(shards)
+    layout = book.batch_layout(reader, shards)
+    if layout is None:
+        return _gather_decoded(reader, list(dict.fromkeys(shards.tolist())), shards, rows)
     if out is None:
         out = {name: OUTPUTS.empty((len(shards), *shape), dtype) for name, dtype, shape in layout}
     book.copy(shards, rows, out)
     return out
-
-
-def batch_layout(reader: ShardReader) -> Layout | None:
-    """The slot layout of batches from this shard (slots.py), or None if its columns are not all fixed-size."""
-    table = row_table(reader)  # kept on the reader: one layout object per shard, pickled once per group
-    return None if table is None else table.layout
 
 
 def _gather_decoded(reader: Callable[[int], ShardReader], uniq: list[int], shards: np.ndarray,

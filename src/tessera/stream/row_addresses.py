@@ -17,6 +17,7 @@ time their shard is seen. The span may cover unmapped gaps between mappings; not
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,15 +87,29 @@ class RowAddresses:
         self._lo, self._hi = -1, -1  # the span: every row of every shard seen lies in [lo, hi)
         self._views: dict[int, torch.Tensor] = {}  # bytes per row -> (hi - lo - n + 1, n) view, stride (1, 1)
 
-    def see(self, shard: int, reader: ShardReader) -> bool:
-        """Record where `reader` (the open reader of `shard`) keeps its rows; False if its columns are not
-        all fixed-size (the batch is then decoded instead)."""
+    def see(self, shard: int, reader: ShardReader) -> int:
+        """Record where `reader` (the open reader of `shard`) keeps its rows; its layout id, or -1 if its
+        columns are not all fixed-size (the batch is then decoded instead)."""
         if shard < len(self._readers):
             ref = self._readers[shard]
             if ref is not None and ref() is reader:
-                return bool(self._layout_id[shard] >= 0)
+                return int(self._layout_id[shard])
         self._set(shard, reader)
-        return bool(self._layout_id[shard] >= 0)
+        return int(self._layout_id[shard])
+
+    def batch_layout(self, reader: Callable[[int], ShardReader], shards: np.ndarray) -> Layout | None:
+        """`see` every shard of a batch (opening them through `reader`); the batch's layout, or None if a
+        shard has variable-size columns. ValueError if the shards' columns do not stack."""
+        ids = {shard: self.see(shard, reader(shard)) for shard in dict.fromkeys(shards.tolist())}
+        kinds = set(ids.values())
+        if -1 in kinds:
+            return None
+        if len(kinds) > 1:
+            a, la = next(iter(ids.items()))
+            b, lb = next((s, k) for s, k in ids.items() if k != la)
+            raise ValueError(f"a batch mixes shards whose columns do not stack: shard {a} has "
+                             f"{self._layouts[la][0]}, shard {b} has {self._layouts[lb][0]}")
+        return self._layouts[kinds.pop()][0]
 
     def _set(self, shard: int, reader: ShardReader) -> None:
         table = row_table(reader)
@@ -125,15 +140,6 @@ class RowAddresses:
                 self._lo = lo if self._lo < 0 else min(lo, self._lo)
                 self._hi = max(hi, self._hi)
                 self._views.clear()
-
-    def layout(self, shards: np.ndarray) -> Layout:
-        """The layout of a batch of these (seen, all fixed-size) shards; ValueError if they differ."""
-        ids = self._layout_id[shards]
-        if ids.min() != ids.max():
-            a, b = int(shards[ids != ids[0]][0]), int(shards[0])
-            raise ValueError(f"a batch mixes shards whose columns do not stack: shard {b} has "
-                             f"{self._layouts[ids[0]][0]}, shard {a} has {self._layouts[self._layout_id[a]][0]}")
-        return self._layouts[int(ids[0])][0]
 
     def copy(self, shards: np.ndarray, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """out[name][k] = column `name` of row rows[k] of shard shards[k], for every k (all seen)."""
