@@ -71,6 +71,22 @@ def write_elastic(out: str | Path, ids: Iterable[int], size_limit: int = 1400, *
             writer.write({"id": i, "x": expected_x(i), "s": expected_s(i)})
 
 
+# Two streams for the batching-method tests: A holds ids 0..N_A-1, B holds ids B_BASE..B_BASE+N_B-1 in
+# smaller shards; a global sample index i is id i in A, or id i - N_A + B_BASE in B.
+N_A, B_BASE, N_B = 240, 10_000, 90
+
+
+def write_two_streams(root: Path) -> Path:
+    write_elastic(root / "A", range(N_A))
+    write_elastic(root / "B", range(B_BASE, B_BASE + N_B), size_limit=1100)
+    return root
+
+
+def two_stream_ids(index: np.ndarray) -> list[int]:
+    """The ids of global sample indices of the two streams (A first, then B), in order."""
+    return np.where(index < N_A, index, index - N_A + B_BASE).tolist()
+
+
 def write_blobs(out: str | Path, ids: Iterable[int], blob_size: int, size_limit: int | str,
                 **kwargs: Any) -> None:
     """Big samples (for download, crash and cache-limit tests)."""

@@ -153,15 +153,12 @@ def test_per_stream_locate_is_fast_deep_in_a_long_epoch() -> None:
 
 # --- through StreamingDataset, in this process ---------------------------------------------------------
 
-N_A, B_BASE, N_B = 240, 10_000, 90
+B_BASE = helpers.B_BASE
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("batching")
-    helpers.write_elastic(root / "A", range(N_A))
-    helpers.write_elastic(root / "B", range(B_BASE, B_BASE + N_B), size_limit=1100)
-    return root
+    return helpers.write_two_streams(tmp_path_factory.mktemp("batching"))
 
 
 def make(data: Path, method: str, batch_size: int) -> StreamingDataset:
@@ -172,7 +169,7 @@ def make(data: Path, method: str, batch_size: int) -> StreamingDataset:
 
 
 def to_ids(index: np.ndarray) -> list[int]:
-    return sorted(np.where(index < N_A, index, index - N_A + B_BASE).tolist())
+    return sorted(helpers.two_stream_ids(index))
 
 
 def plan_batches(ds: StreamingDataset, start: int = 0) -> list[list[int]]:

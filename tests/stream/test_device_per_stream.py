@@ -154,16 +154,13 @@ def test_stream_too_small_for_a_device_batch_is_an_error() -> None:
 
 # --- through StreamingDataset ----------------------------------------------------------------------------
 
-N_A, B_BASE, N_B = 240, 10_000, 90
+B_BASE = helpers.B_BASE
 DB = 6  # per-device batch size
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("dps")
-    helpers.write_elastic(root / "A", range(N_A))
-    helpers.write_elastic(root / "B", range(B_BASE, B_BASE + N_B), size_limit=1100)
-    return root
+    return helpers.write_two_streams(tmp_path_factory.mktemp("dps"))
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +183,7 @@ def make(data: Path, **kwargs: object) -> StreamingDataset:
 
 
 def to_ids(index: np.ndarray) -> list[int]:
-    return np.where(index < N_A, index, index - N_A + B_BASE).tolist()
+    return helpers.two_stream_ids(index)
 
 
 def planned_sequence(data: Path, world: int, start: int = 0) -> list[list[int]]:

@@ -280,9 +280,3 @@ def parse_columns(text: str) -> dict[str, str]:
     if not out:
         raise SourceError("--columns is empty")
     return out
-
-
-def describe_chunks(chunks: list[Chunk]) -> str:
-    files = {c.path for c in chunks} | {f for c in chunks for f in c.files}
-    return f"{len(chunks)} chunk(s) from {len(files)} file(s)"
-

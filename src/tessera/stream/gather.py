@@ -1,13 +1,14 @@
 """Whole per-device batches: gathering samples into stacked arrays, and handing them over from workers.
 
 Fixed-size columns of a batch are gathered straight from the memory-mapped shards into one array per
-column. Through DataLoader workers, moving those bytes costs more than gathering them: torch copies each
-tensor into a new shared-memory segment and passes its file descriptor over a socket (about a
-millisecond a batch here, 0.15 GB/s), and every DataLoader item pays its queue round trip. So when all
-selected columns are fixed-size, workers send `BatchRefs` instead: the shard and row of each sample, a
-few bytes per sample, for a group of batches at once. The training process gathers the rows from its
-own mapping of the same cache files: one copy from the page cache, no shared memory, no descriptors.
-Workers still do everything else (plan, prefetch, download, pin), and they have made sure every shard
+column (row_addresses.py: one copy per column, whatever the number of shards). Through DataLoader
+workers, torch's own path costs more than the gathering: it copies each tensor into a new shared-memory
+segment and passes its file descriptor over a socket (about a millisecond a batch here), and every
+DataLoader item pays its queue round trip. So when all selected columns are fixed-size, workers send
+`BatchRefs` for a group of batches at once: each batch either names the shared slot the worker
+gathered it into (slots.py; the training process hands it out without copying) or, when no slot was
+free, the shard and row of each sample, which the training process gathers from its own mapping of the
+cache files. Workers do everything else (plan, prefetch, download, pin) and have made sure every shard
 a group names is present before sending it.
 """
 

@@ -190,7 +190,8 @@ class RangedReads:
             self.sparse[shard] = made
             readers[shard] = (made.reader, _NoPin())  # type: ignore[assignment]
         for shard, offsets in quick.items():
-            self.sparse[shard] = self._blank(shard, offsets)
+            sp = self.sparse[shard] = self._blank(shard, offsets)
+            self.held += sp.cost
         jobs: list[tuple[int, SparseShard, int, int, np.ndarray]] = []
         budget = MAX_SAMPLES - self._epoch_served
         for shard in [s for s in dict.fromkeys(shards.tolist()) if s in self.sparse]:
@@ -257,17 +258,25 @@ class RangedReads:
         except BaseException:
             os.close(fd)
             raise
-        cost = (int(offsets[0]) // PAGE + 1) * PAGE
-        self.held += cost
+        cost = (int(offsets[0]) // PAGE + 1) * PAGE  # counted against MAX_BYTES by the caller
         return SparseShard(None, buffer, offsets, np.zeros(entry.samples, bool), entry.raw_data.basename,
                            st.remote_store, cost, fd)
+
+    def _attach_reader(self, sp: SparseShard, shard: int) -> None:
+        """Open the ShardReader of a sparse copy whose header is written (it parses the header and checks
+        the embedded config against index.json); the memfd is closed either way (the mappings keep it)."""
+        si, sh = self.entries[shard]
+        try:
+            sp.reader = self.streams[si].open_reader(sh, Path(f"/proc/self/fd/{sp.fd}"), self._columns,
+                                                     self._unsafe)
+        finally:
+            os.close(sp.fd)  # type: ignore[arg-type]
+            sp.fd = None
 
     def _finish(self, readers: dict[int, tuple[ShardReader, Any]], shard: int) -> None:
         """After the header of a blank copy landed: check it against the computed offsets, then open the
         reader (which parses it and checks the embedded config against index.json)."""
         sp = self.sparse[shard]
-        si, sh = self.entries[shard]
-        st = self.streams[si]
         n = len(sp.have)
         head = np.frombuffer(sp.buffer, "<u4", n + 2, 0).astype(np.int64)
         if head[0] != n or not np.array_equal(head[1:], sp.offsets):
@@ -277,13 +286,11 @@ class RangedReads:
                                f"{int(sp.offsets[1] - sp.offsets[0])} bytes); the shard or its index entry is "
                                "corrupt", shard)
         try:
-            sp.reader = st.open_reader(sh, Path(f"/proc/self/fd/{sp.fd}"), self._columns, self._unsafe)
+            self._attach_reader(sp, shard)
         except BaseException:
             self._drop(readers, shard)
             raise
-        os.close(sp.fd)  # type: ignore[arg-type]
-        sp.fd = None
-        readers[shard] = (sp.reader, _NoPin())
+        readers[shard] = (sp.reader, _NoPin())  # type: ignore[assignment]
 
     # --- I/O (pool threads) -------------------------------------------------------------------------
     @staticmethod
@@ -315,18 +322,12 @@ class RangedReads:
                                "the shard or its index entry is corrupt", shard)
         if offsets[0] > len(head):
             head += bytes(store.get_range_buffer(key, len(head), int(offsets[0])))
-        fd = os.memfd_create(f"tessera-ranged-{shard}", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, size)
-            buffer = mmap.mmap(fd, size)
-            buffer[: int(offsets[0])] = head[: int(offsets[0])]
-            reader = st.open_reader(sh, Path(f"/proc/self/fd/{fd}"), self._columns, self._unsafe)
-        finally:
-            os.close(fd)  # the two mappings keep the memory until they are gone
-        cost = (int(offsets[0]) // PAGE + 1) * PAGE
-        with _HELD_LOCK:
-            self.held += cost
-        return SparseShard(reader, buffer, offsets, np.zeros(n, bool), key, store, cost)
+        sp = self._blank(shard, offsets)
+        sp.buffer[: int(offsets[0])] = head[: int(offsets[0])]
+        self._attach_reader(sp, shard)
+        with _HELD_LOCK:  # (pool threads)
+            self.held += sp.cost
+        return sp
 
     @staticmethod
     def _fetch_rows(job: tuple[int, SparseShard, int, int, np.ndarray]) -> None:
