@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -73,6 +75,22 @@ def test_byte_identical_for_1_2_3_workers_and_to_one_write_per_sample(tmp_path: 
         assert _files(out) == ref
     assert [r["label"] for r in MDSDataset(outs[3])] == [i % 5 for i in range(3000)]
     assert _handover_dirs() == before  # nothing left in /dev/shm
+
+
+def test_handover_folders_of_killed_conversions_are_removed(tmp_path: Path, small_chunks: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A conversion killed with kill -9 leaves its tmpfs folder; the next one removes it (its process is
+    gone) and leaves those of conversions still running."""
+    root = tmp_path / "tmpfs"
+    root.mkdir()
+    monkeypatch.setattr(convert_module, "HANDOVER_ROOT", str(root))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    (root / f"tessera-convert-{dead}-abc").mkdir()
+    (root / f"tessera-convert-{dead}-abc" / "chunk.0").write_bytes(b"x" * 1000)
+    (root / f"tessera-convert-{os.getpid()}-live").mkdir()  # a conversion of a running process
+    convert(_jsonl(tmp_path / "a.jsonl", 300), tmp_path / "out", columns=COLUMNS, size_limit="6kb", workers=2)
+    assert sorted(p.name for p in root.iterdir()) == [f"tessera-convert-{os.getpid()}-live"]
 
 
 def test_spawned_workers_and_no_tmpfs_give_the_same_bytes(tmp_path: Path, small_chunks: None,

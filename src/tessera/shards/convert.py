@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import shutil
 import sys
 import tempfile
@@ -170,10 +171,22 @@ class ChunkPool:
 
 
 def _handover_dir() -> str | None:
+    """A fresh tmpfs folder named after this process; those of conversions whose process is gone (killed
+    before `close` removed them) are removed first, so a crash does not keep their bodies in memory."""
+    _remove_orphaned_handovers()
     try:
-        return tempfile.mkdtemp(prefix="tessera-convert-", dir=HANDOVER_ROOT)
+        return tempfile.mkdtemp(prefix=f"tessera-convert-{os.getpid()}-", dir=HANDOVER_ROOT)
     except OSError:  # no tmpfs here: bodies go through the pipe
         return None
+
+
+def _remove_orphaned_handovers() -> None:
+    if not Path("/proc/self").exists():  # cannot tell live processes from dead ones: leave them
+        return
+    for folder in Path(HANDOVER_ROOT).glob("tessera-convert-*-*"):
+        pid = folder.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def _skip(sizes: np.ndarray, body: Any, count: int) -> tuple[np.ndarray, Any]:
