@@ -31,7 +31,7 @@ import xxhash
 from tessera.shards.fetch import decompress_file
 from tessera.shards.index import ShardEntry
 from tessera.storage import IntegrityError, Store, download_from, hash_file
-from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for
+from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_atomic
 
 META_DIR = ".tessera"
 INDEX_NAME = "index.json"
@@ -129,7 +129,7 @@ class ShardCache:
         """The raw shard is present and was downloaded for exactly this index entry."""
         path = self.path(entry)
         if self.remote is None:
-            return path.exists()
+            return self._local_ready(entry)
         try:
             if path.stat().st_size != entry.raw_data.bytes:
                 return False
@@ -149,7 +149,7 @@ class ShardCache:
             self.stats.hits += 1
             return self.path(entry)
         if self.remote is None:
-            raise FileNotFoundError(f"{self.path(entry)}: shard missing and no remote to fetch it from")
+            return self._unpack_local(entry)
         basename = entry.raw_data.basename
         with flocked(self._lock_path(basename, "dl"), fcntl.LOCK_EX):
             if self.is_ready(entry):  # another process fetched it while we waited
@@ -163,6 +163,55 @@ class ShardCache:
             finally:
                 self._reservation_path(basename).unlink(missing_ok=True)
         return self.path(entry)
+
+    def _local_ready(self, entry: ShardEntry) -> bool:
+        """A local-only shard is ready when its raw file is the data itself, or was decompressed from
+        the compressed file as it is now (same index entry, size, mtime and inode): a dataset rewritten
+        in place is decompressed again rather than served from a stale raw file."""
+        path = self.path(entry)
+        stamp = self._unpacked_stamp(entry)
+        if stamp is None:
+            return path.exists()  # uncompressed, or the raw file outlived its compressed copy: the only copy
+        try:
+            return (path.stat().st_size == entry.raw_data.bytes
+                    and self._stamp_path(entry.raw_data.basename).read_text() == stamp)
+        except FileNotFoundError:
+            return False
+
+    def _unpacked_stamp(self, entry: ShardEntry) -> str | None:
+        """The stamp of a raw file decompressed from this shard's local compressed file (None: there is none)."""
+        if entry.zip_data is None:
+            return None
+        try:
+            st = (self.root / entry.zip_data.basename).stat()
+        except FileNotFoundError:
+            return None
+        return f"{entry_stamp(entry)}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}"
+
+    def _unpack_local(self, entry: ShardEntry) -> Path:
+        """A local-only compressed shard: decompress it next to its compressed file, as MosaicML does.
+
+        The compressed file is the only copy of the data, so it is never deleted, whatever keep_zip says.
+        The shard's download lock serialises processes; the raw file appears by atomic rename.
+        """
+        path = self.path(entry)
+        if entry.zip_data is None:
+            raise FileNotFoundError(f"{path}: shard missing and no remote to fetch it from")
+        zip_path = self.root / entry.zip_data.basename
+        with flocked(self._lock_path(entry.raw_data.basename, "dl"), fcntl.LOCK_EX):
+            if self.is_ready(entry):  # another process decompressed it while we waited
+                return path
+            stamp = self._unpacked_stamp(entry)
+            if stamp is None:
+                raise FileNotFoundError(f"{zip_path}: compressed shard missing (and no {path.name}); "
+                                        "no remote to fetch it from")
+            self._remove_partial_downloads(entry)
+            t0 = time.perf_counter()
+            decompress_file(zip_path, entry.zip_data, entry.compression, entry.raw_data, path, str(zip_path),
+                            None, self.validate_hash is not None)
+            self.stats.decompress_seconds += time.perf_counter() - t0
+            write_atomic(self._stamp_path(entry.raw_data.basename), stamp.encode())
+        return path
 
     def _remove_partial_downloads(self, entry: ShardEntry) -> None:
         """Delete temp files of this shard left by a process that died mid-download or mid-decompress.

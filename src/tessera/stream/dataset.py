@@ -41,7 +41,14 @@ from tessera.stream.row_addresses import RowAddresses
 from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes, rank_positions
 from tessera.stream.slots import Layout, SlotRing
 from tessera.stream.state import StageTimes, check_resume_state, make_state
-from tessera.stream.streams import LoadedStream, Stream, check_unsafe_columns, load_stream, local_root_of
+from tessera.stream.streams import (
+    LoadedStream,
+    Stream,
+    check_unsafe_columns,
+    has_remote_copy,
+    load_stream,
+    local_root_of,
+)
 from tessera.stream.world import World
 
 # Shards kept memory-mapped (and pinned) per reader process. A shuffle block spans many shards, so this
@@ -87,7 +94,7 @@ class StreamingDataset(IterableDataset):
         raise_open_file_limit()
         # cache_limit bounds (and evicts from) the folders of remote streams only: a local-only stream's
         # folder is the data itself, with no other copy, and must never be evicted from.
-        roots = [local_root_of(s) for s in specs if s.remote is not None]
+        roots = [local_root_of(s) for s in specs if has_remote_copy(s)]
         self.streams: list[LoadedStream] = [
             load_stream(s, download_retry=download_retry, download_timeout=download_timeout,
                         validate_hash=validate_hash, keep_zip=keep_zip, cache_limit=self.cache_limit,

@@ -17,7 +17,7 @@ import xxhash
 from tessera.shards.errors import DatasetNotFound
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
 from tessera.shards.reader import ShardReader
-from tessera.storage import NotFound, RetryPolicy, Store, open_store
+from tessera.storage import NotFound, RetryPolicy, Store, open_store, parse_url
 from tessera.storage.local import LocalStore, write_atomic
 from tessera.stream.cache import ShardCache
 from tessera.stream.forksafe import call_outside_runtime
@@ -62,6 +62,16 @@ def local_root_of(spec: Stream) -> Path:
     """The folder holding this stream's index.json and cached shards."""
     local = Path(spec.local or default_local(spec.remote))  # type: ignore[arg-type]
     return local / spec.split if spec.split else local
+
+
+def has_remote_copy(spec: Stream) -> bool:
+    """False when the folder is the only copy: no remote, or a remote naming the local folder itself
+    (MosaicML allows remote == local); such a folder is never evicted from and its compressed files stay."""
+    if spec.remote is None:
+        return False
+    parsed = parse_url(spec.remote)
+    remote_root = Path(parsed.prefix) / (spec.split or "")
+    return not parsed.is_local or remote_root.resolve() != local_root_of(spec).resolve()
 
 
 @dataclass
@@ -118,7 +128,7 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
                                       else download_retry) + 1,
                         request_timeout=spec.download_timeout or download_timeout)
     remote = None
-    if spec.remote is not None:
+    if has_remote_copy(spec):
         remote = open_store(spec.remote, retry=retry)
         remote = remote.child(spec.split) if spec.split else remote
     local_root = local_root_of(spec)
