@@ -29,7 +29,7 @@ from torch.utils.data import IterableDataset
 
 from tessera.shards.encodings import lookup_encoding
 from tessera.shards.reader import ShardReader
-from tessera.shards.sizes import parse_size
+from tessera.shards.sizes import parse_count, parse_size
 from tessera.stream import batching
 from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method
 from tessera.stream.cache import check_cache_limit, largest_shard, raise_open_file_limit
@@ -112,7 +112,7 @@ class StreamingDataset(IterableDataset):
         lanes = num_canonical_nodes or max(1, min(64 * world.num_nodes, self.num_samples))
         self._config = PlanConfig(seed=shuffle_seed, num_lanes=lanes, shuffle=shuffle, shuffle_algo=shuffle_algo,
                                   shuffle_block_size=shuffle_block_size,
-                                  epoch_size=parse_size(epoch_size) if epoch_size is not None else None,
+                                  epoch_size=parse_count(epoch_size) if epoch_size is not None else None,
                                   sampling_method=sampling_method,
                                   dataset_fingerprint=":".join(st.fingerprint for st in self.streams))
         self._run = RunPlan([st.shards() for st in self.streams], self._config)
