@@ -3,30 +3,51 @@
 Every error about a stored dataset names the file (index or shard) and, when known, the shard number, so
 a user looking at a broken dataset of thousands of shards knows where to look and what to do. They are
 classes so callers (`tessera data verify`, the streaming layer) can catch one kind and report the rest.
+
+Each class also derives from the built-in exception MosaicML Streaming raises for the same case (a
+checksum failure is a ValueError there, a missing index a FileNotFoundError, an unknown encoding a
+TypeError, a sample without a column a KeyError), so `except` clauses written for Mosaic still catch
+ours. Every class can be rebuilt from its message alone, which is how torch's DataLoader re-raises a
+worker's exception in the training process: the class (and so those `except` clauses) survives.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+
+def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
+    err = cls(*args)
+    err.__dict__.update(state)
+    return err
+
 
 class ShardError(Exception):
     """Base class of every error raised by `tessera.shards`."""
+
+    # The message as given: KeyError would show it quoted, OSError as "[Errno ...]".
+    __str__ = BaseException.__str__
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle by message and attributes (subclasses take other arguments than their message)."""
+        return _rebuild, (type(self), self.args, self.__dict__)
 
 
 class ShardFormatError(ShardError, ValueError):
     """A dataset file does not follow the MDS format.
 
     Args:
-        file: the path or URL of the offending file (index.json or a shard).
+        file: the path or URL of the offending file (index.json or a shard); alone, the whole message.
         detail: what is wrong, and when possible how to fix it.
         shard: the shard's position in index.json, if known.
     """
 
-    def __init__(self, file: str, detail: str, shard: int | None = None) -> None:
-        self.file = str(file)
+    def __init__(self, file: str, detail: str | None = None, shard: int | None = None) -> None:
+        self.file = str(file) if detail is not None else ""
         self.shard = shard
-        self.detail = detail
+        self.detail = detail if detail is not None else str(file)
         where = self.file if shard is None else f"{self.file} (shard {shard})"
-        super().__init__(f"{where}: {detail}")
+        super().__init__(f"{where}: {detail}" if detail is not None else self.detail)
 
 
 class TruncatedShard(ShardFormatError):
@@ -38,7 +59,11 @@ class CorruptShard(ShardFormatError):
 
 
 class HashMismatch(ShardFormatError):
-    """A shard's bytes do not match the digest recorded in index.json."""
+    """A shard's bytes do not match the digest recorded in index.json (Mosaic: ValueError)."""
+
+
+class MissingShard(ShardFormatError, FileNotFoundError):
+    """A file that index.json names is not there (Mosaic: FileNotFoundError)."""
 
 
 class IndexFormatError(ShardFormatError):
@@ -49,21 +74,28 @@ class PathTraversal(IndexFormatError):
     """A shard basename is absolute or climbs out of the dataset root; reading it could touch any file."""
 
 
-class UnknownEncoding(ShardFormatError):
-    """A column uses an encoding name that is not in the MDS family."""
+class UnknownEncoding(ShardFormatError, TypeError, KeyError):
+    """A column uses an encoding name that is not in the MDS family (Mosaic: TypeError from its writer,
+    KeyError from its reader)."""
 
-    def __init__(self, file: str, column: str, encoding: str, shard: int | None = None) -> None:
-        self.column = column
-        self.encoding = encoding
+    def __init__(self, file: str, column: str | None = None, encoding: str | None = None,
+                 shard: int | None = None) -> None:
+        self.column, self.encoding = column, encoding
+        if column is None:
+            super().__init__(file)
+            return
         super().__init__(file, f"column {column!r} has unknown encoding {encoding!r}", shard)
 
 
 class UnsafeEncoding(ShardFormatError):
     """A column would be decoded with pickle, which runs arbitrary code from the data."""
 
-    def __init__(self, file: str, column: str, encoding: str, shard: int | None = None) -> None:
-        self.column = column
-        self.encoding = encoding
+    def __init__(self, file: str, column: str | None = None, encoding: str | None = None,
+                 shard: int | None = None) -> None:
+        self.column, self.encoding = column, encoding
+        if column is None:
+            super().__init__(file)
+            return
         super().__init__(
             file,
             f"column {column!r} uses the unsafe encoding {encoding!r} (pickle executes code from the "
@@ -74,16 +106,31 @@ class UnsafeEncoding(ShardFormatError):
 
 
 class EncodeError(ShardError, ValueError):
-    """A value cannot be stored with its column's encoding (wrong type, dtype, shape or range)."""
+    """A value cannot be stored with its column's encoding (out of range, wrong dtype or shape).
 
-    def __init__(self, column: str, encoding: str, detail: str) -> None:
-        self.column = column
+    Args:
+        column: the column; alone, the whole message.
+        encoding: the column's encoding.
+        detail: what is wrong with the value.
+    """
+
+    def __init__(self, column: str, encoding: str | None = None, detail: str | None = None) -> None:
+        self.column = column if encoding is not None else ""
         self.encoding = encoding
-        super().__init__(f"column {column!r} ({encoding}): {detail}")
+        super().__init__(f"column {column!r} ({encoding}): {detail}" if encoding is not None else column)
+
+
+class EncodeTypeError(EncodeError, TypeError, AttributeError):
+    """A value has the wrong type for its column (Mosaic: AttributeError from its type checks)."""
+
+
+class ColumnMismatch(EncodeError, KeyError):
+    """A sample does not match the writer's columns: one is missing, or a pre-encoded value has the wrong
+    size for its fixed-size column (Mosaic: KeyError for both)."""
 
 
 class DatasetNotFound(ShardError, FileNotFoundError):
-    """There is no index.json at the given location."""
+    """There is no index.json at the given location (Mosaic: FileNotFoundError)."""
 
 
 class DatasetExists(ShardError, FileExistsError):

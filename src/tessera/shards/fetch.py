@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.shards.compression import parse_compression
-from tessera.shards.errors import CorruptShard, ShardFormatError, TruncatedShard
+from tessera.shards.errors import CorruptShard, MissingShard, ShardFormatError, TruncatedShard
 from tessera.shards.index import FileInfo, ShardEntry, shard_key
 from tessera.shards.reader import verify_digests
 from tessera.storage import IntegrityError, NotFound, Store, download_from
@@ -74,7 +74,7 @@ class ShardFetcher:
         try:
             download_from(self.store, key, dest, size=size)
         except NotFound:
-            raise ShardFormatError(label, "shard file is missing from the store", shard) from None
+            raise MissingShard(label, "shard file is missing from the store", shard) from None
         except IntegrityError as err:
             raise TruncatedShard(label, f"stored size differs from index.json ({err})", shard) from None
 
@@ -97,7 +97,7 @@ def decompress_file(zpath: Path, zipped: FileInfo, compression: str | None, raw:
     try:
         blob = zpath.read_bytes()
     except FileNotFoundError:
-        raise ShardFormatError(label, "compressed shard file is missing", shard) from None
+        raise MissingShard(label, "compressed shard file is missing", shard) from None
     if len(blob) != zipped.bytes:
         raise TruncatedShard(label, f"file has {len(blob)} bytes but index.json records {zipped.bytes}", shard)
     if verify_hashes:

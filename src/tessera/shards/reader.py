@@ -25,6 +25,7 @@ from tessera.shards.encodings import Encoding, FixedEncoding, lookup_encoding
 from tessera.shards.errors import (
     CorruptShard,
     HashMismatch,
+    MissingShard,
     ShardFormatError,
     TruncatedShard,
     UnknownEncoding,
@@ -62,7 +63,7 @@ def map_file(path: Path, label: str, shard: int | None, allow_empty: bool = Fals
                 raise TruncatedShard(label, "file is empty", shard)
             return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
-        raise ShardFormatError(label, "shard file is missing", shard) from None
+        raise MissingShard(label, "shard file is missing", shard) from None
 
 
 def verify_digests(data: Any, info: FileInfo, label: str, shard: int | None) -> None:

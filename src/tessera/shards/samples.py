@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessera.shards.encodings import Encoding, NDArrayEncoding, lookup_encoding
-from tessera.shards.errors import EncodeError, UnknownEncoding
+from tessera.shards.errors import ColumnMismatch, EncodeError, EncodeTypeError, UnknownEncoding
 
 
 @dataclass(frozen=True)
@@ -53,16 +53,18 @@ class SampleEncoder:
                 value = sample[col.name]
                 datum = value if isinstance(value, bytes) else col.encode(value)
             except KeyError:
-                raise EncodeError(col.name, col.encoding, "missing from the sample") from None
+                raise ColumnMismatch(col.name, col.encoding, "missing from the sample") from None
             except EncodeError:
                 raise
-            except Exception as err:  # encoders raise TypeError/ValueError/OverflowError/PIL errors
+            except (TypeError, AttributeError) as err:
+                raise EncodeTypeError(col.name, col.encoding, str(err)) from None
+            except Exception as err:  # encoders raise ValueError/OverflowError/PIL errors
                 raise EncodeError(col.name, col.encoding, str(err)) from None
             size = len(datum)
             if col.size is None:
                 sizes.append(size)
             elif size != col.size:
-                raise EncodeError(col.name, col.encoding, f"encoded to {size} bytes, expected {col.size}")
+                raise ColumnMismatch(col.name, col.encoding, f"encoded to {size} bytes, expected {col.size}")
             parts.append(datum)
             total += size
         if sizes:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tessera.shards.errors import CorruptShard, ShardFormatError, TruncatedShard, UnknownEncoding
+from tessera.shards.errors import CorruptShard, MissingShard, TruncatedShard, UnknownEncoding
 from tessera.shards.index import ShardEntry
 from tessera.shards.reader import map_file, parse_config, verify_digests
 
@@ -40,7 +40,7 @@ class TextShardReader:
         try:
             meta = self.meta_path.read_bytes()
         except FileNotFoundError:
-            raise ShardFormatError(str(meta_path), "meta file is missing", shard) from None
+            raise MissingShard(str(meta_path), "meta file is missing", shard) from None
         if verify_hashes:
             verify_digests(self._mm, entry.raw_data, self.label, shard)
             if entry.raw_meta is not None:

@@ -13,30 +13,36 @@ _CRED_HINT = "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / S3_ENDPOINT_URL 
 
 
 class StorageError(Exception):
-    """Base class: something went wrong reading or writing `url`."""
+    """Base class: something went wrong reading or writing `url`.
+
+    Subclasses also derive from the built-in exception MosaicML Streaming raises for the same case
+    (ValueError, FileNotFoundError, ...), so `except` clauses written for it still catch ours.
+    """
+
+    __str__ = BaseException.__str__  # the message as given, not OSError's "[Errno ...]" form
 
     def __init__(self, message: str, url: str = "") -> None:
         super().__init__(message)
         self.url = url
 
 
-class InvalidURL(StorageError):
+class InvalidURL(StorageError, ValueError):
     """A URL or key is malformed, unsupported, or tries to climb out of its root."""
 
 
-class NotFound(StorageError):
-    """The object does not exist."""
+class NotFound(StorageError, FileNotFoundError):
+    """The object does not exist (a FileNotFoundError, as MosaicML raises for a missing object)."""
 
 
-class BucketNotFound(StorageError):
+class BucketNotFound(StorageError, FileNotFoundError):
     """The bucket (or container) does not exist."""
 
 
-class PermissionDenied(StorageError):
+class PermissionDenied(StorageError, PermissionError):
     """Credentials are missing, wrong, or lack the needed permission."""
 
 
-class AlreadyExists(StorageError):
+class AlreadyExists(StorageError, FileExistsError):
     """A conditional write found the key already present."""
 
 

@@ -46,8 +46,8 @@ def raise_open_file_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
 
-class CacheLimitError(RuntimeError):
-    """The cache limit is too small to hold what training needs at once."""
+class CacheLimitError(RuntimeError, ValueError):
+    """The cache limit is too small to hold what training needs at once (a ValueError, as in MosaicML)."""
 
 
 def largest_shard(streams: list[Any]) -> int:
