@@ -6,7 +6,6 @@ message) and pickling with their class and attributes."""
 
 from __future__ import annotations
 
-import json
 import pickle
 import sys
 from collections.abc import Callable
