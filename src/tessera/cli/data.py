@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -15,6 +16,8 @@ from tessera.cli.console import err, fail, out
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
 from tessera.shards.dataset import open_dataset_store, read_index
+from tessera.shards.repair import Interrupted, InterruptedWrite
+from tessera.shards.session import JOURNAL_BASENAME
 from tessera.shards.sources import FORMATS, SourceError, parse_columns
 from tessera.shards.verify import verify_dataset
 from tessera.storage import StorageError
@@ -148,13 +151,39 @@ def verify(url: str, split: str = typer.Option(None), quick: bool = typer.Option
 @app.command()
 def repair(url: str, split: str = typer.Option(None), overwrite: bool = typer.Option(
         False, help="Replace an existing index.json."), skip_bad: bool = typer.Option(
-        False, help="Leave out shards that fail validation."), dry_run: bool = typer.Option(False)) -> None:
-    """Rebuild a lost index.json from the shard files (each shard embeds its config)."""
+        False, help="Leave out shards that fail validation."), dry_run: bool = typer.Option(False),
+        allow_partial: bool = typer.Option(
+            False, help="Commit an index of the shards present even though a write was interrupted.")) -> None:
+    """Rebuild a lost index.json from the shard files (each shard embeds its config).
+
+    Refuses (exit 1) when a write was interrupted, unless --allow-partial: the shards are then only part
+    of the data, and `tessera data convert ... --mode resume` finishes the write instead."""
     try:
-        report = repair_index(url, split, overwrite=overwrite, skip_bad=skip_bad, dry_run=dry_run)
+        report = repair_index(url, split, overwrite=overwrite, skip_bad=skip_bad, dry_run=dry_run,
+                              allow_partial=allow_partial)
+    except InterruptedWrite as exc:
+        _interrupted(exc.url, exc.found)
+        raise typer.Exit(1) from None
     except ERRORS as exc:
         fail(exc)
     for name, why in report.skipped:
         err.print(f"[yellow]skipped[/yellow] {name}: {why}")
     verb = "rebuilt" if report.written else "would write"
-    err.print(f"{verb} index.json: {len(report.index.shards)} shards, {report.index.num_samples:,} samples")
+    partial = "a PARTIAL " if report.interrupted else ""
+    err.print(f"{verb} {partial}index.json: {len(report.index.shards)} shards, {report.index.num_samples:,} samples")
+    if report.interrupted:
+        err.print("[yellow]the write was interrupted:[/yellow] its journal is kept; `tessera data convert INPUT "
+                  f"{url} --mode resume` can still finish it and replace this index")
+
+
+def _interrupted(url: str, found: Interrupted) -> None:
+    """What an interrupted write left, what is complete, and what to run (stderr, several lines)."""
+    what = "finished but its commit was interrupted" if found.state == "committing" else "was interrupted"
+    err.print(f"[red]error:[/red] {escape(url)}: a write {what} ({JOURNAL_BASENAME} is present); "
+              "nothing was committed")
+    last = f", the last {escape(found.last)}" if found.last else ""
+    err.print(f"  complete: {found.shards} shards confirmed, {found.samples:,} samples{last}; "
+              f"{found.files} shard files stored")
+    err.print(f"  to finish: tessera data convert INPUT {escape(url)} --mode resume (same options; keeps the "
+              "confirmed shards)")
+    err.print("  or: tessera data repair --allow-partial to commit the shards present as a partial dataset")

@@ -3,15 +3,32 @@
 A compressed shard is one stream over the whole raw shard file. The exact bytes matter: for the same
 input and settings our shards are byte-identical to MosaicML's, so each family uses the same library
 call with the same parameters (zstd through `zstandard`, a single frame with the content size).
+
+Decompression is streamed in chunks and capped (`inflate`): a shard comes from untrusted storage, and a
+few kilobytes can inflate to gigabytes, so memory must stay O(chunk) and the output must stop at the
+size index.json declares instead of growing until the machine runs out.
 """
 
 from __future__ import annotations
 
 import bz2
 import gzip
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import zstandard
+
+CHUNK = 1 << 20  # bytes of output (and of input read) per step of a streamed decompression
+
+
+class InflateLimitError(ValueError):
+    """A compressed stream inflates past the size it may have (a corrupt shard or a decompression bomb)."""
+
+    def __init__(self, limit: int, seen: int) -> None:
+        self.limit = limit
+        self.seen = seen
+        super().__init__(f"decompresses to more than {limit} bytes (stopped at {seen})")
 
 
 @dataclass(frozen=True)
@@ -50,8 +67,21 @@ class Compression:
         return _compress(self.family, self.level, data)
 
     def decompress(self, data: bytes | bytearray | memoryview) -> bytes:
-        """Decompress one stream of this family."""
+        """Decompress one stream of this family (whole, in memory: only for data of trusted size)."""
         return _decompress(self.family, data)
+
+    def inflate(self, src: BinaryIO, limit: int, chunk: int = CHUNK) -> Iterator[bytes]:
+        """Decompress the stream read from `src` in pieces of at most `chunk` bytes.
+
+        InflateLimitError as soon as the output passes `limit` bytes, so a bomb costs O(chunk) memory
+        (snappy's raw block format cannot be streamed: its declared length is checked before decoding).
+        """
+        total = 0
+        for piece in _PIECES[self.family](src, chunk, limit):
+            total += len(piece)
+            if total > limit:
+                raise InflateLimitError(limit, total)
+            yield piece
 
 
 def valid_compressions() -> list[str]:
@@ -115,3 +145,61 @@ def _decompress(family: str, data: bytes | bytearray | memoryview) -> bytes:
     import snappy
 
     return snappy.decompress(bytes(data))
+
+
+def _zstd_pieces(src: BinaryIO, chunk: int, limit: int) -> Iterator[bytes]:
+    dctx = zstandard.ZstdDecompressor()
+    with dctx.stream_reader(src, read_size=chunk, read_across_frames=True, closefd=False) as reader:
+        while piece := reader.read(chunk):
+            yield piece
+
+
+def _gz_pieces(src: BinaryIO, chunk: int, limit: int) -> Iterator[bytes]:
+    with gzip.GzipFile(fileobj=src, mode="rb") as reader:  # read(n) inflates with max_length=n
+        while piece := reader.read(chunk):
+            yield piece
+
+
+def _bz2_pieces(src: BinaryIO, chunk: int, limit: int) -> Iterator[bytes]:
+    with bz2.BZ2File(src, "rb") as reader:
+        while piece := reader.read(chunk):
+            yield piece
+
+
+def _brotli_pieces(src: BinaryIO, chunk: int, limit: int) -> Iterator[bytes]:
+    import brotli
+
+    dec = brotli.Decompressor()
+    while not dec.is_finished():
+        data = src.read(chunk) if dec.can_accept_more_data() else b""
+        piece = dec.process(data, output_buffer_limit=chunk)  # output grows past `chunk` at most once
+        if piece:
+            yield piece
+        elif not data:
+            raise ValueError("compressed stream ends before its end marker (truncated)")
+
+
+def _snappy_pieces(src: BinaryIO, chunk: int, limit: int) -> Iterator[bytes]:
+    import snappy
+
+    data = src.read()
+    declared = _varint(data)
+    if declared > limit:
+        raise InflateLimitError(limit, declared)
+    out = snappy.decompress(data)
+    for start in range(0, len(out), chunk):
+        yield out[start:start + chunk]
+
+
+def _varint(data: bytes) -> int:
+    """The uncompressed length that starts a raw snappy block (a little-endian base-128 varint)."""
+    value = 0
+    for i, byte in enumerate(data[:10]):
+        value |= (byte & 0x7F) << (7 * i)
+        if byte < 0x80:
+            return value
+    raise ValueError("not a snappy block: its length preamble is malformed")
+
+
+_PIECES = {"zstd": _zstd_pieces, "gz": _gz_pieces, "bz2": _bz2_pieces,
+           "br": _brotli_pieces, "snappy": _snappy_pieces}

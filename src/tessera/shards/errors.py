@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessera.storage.errors import IntegrityError
+
 
 def _rebuild(cls: type[BaseException], args: tuple[Any, ...], state: dict[str, Any]) -> BaseException:
     err = cls(*args)
@@ -58,8 +60,9 @@ class CorruptShard(ShardFormatError):
     """A shard's offsets or sample headers are inconsistent (out of range, decreasing, wrong sizes)."""
 
 
-class HashMismatch(ShardFormatError):
-    """A shard's bytes do not match the digest recorded in index.json (Mosaic: ValueError)."""
+class HashMismatch(ShardFormatError, IntegrityError):
+    """A shard's bytes do not match the digest recorded in index.json (Mosaic: ValueError); an
+    IntegrityError wherever it is found, as a storage-level hash check is."""
 
 
 class MissingShard(ShardFormatError, FileNotFoundError):

@@ -9,16 +9,20 @@ shard; the worst case of a race is the same file fetched twice.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
-from tessera.shards.compression import parse_compression
-from tessera.shards.errors import CorruptShard, MissingShard, ShardFormatError, TruncatedShard
+from tessera.shards.compression import CHUNK, Compression, InflateLimitError, parse_compression
+from tessera.shards.errors import CorruptShard, HashMismatch, MissingShard, ShardFormatError, TruncatedShard
+from tessera.shards.hashing import Digests
 from tessera.shards.index import FileInfo, ShardEntry, shard_key
 from tessera.shards.reader import verify_digests
 from tessera.storage import IntegrityError, NotFound, Store, download_from
-from tessera.storage.local import write_atomic as atomic_write
+from tessera.storage.local import temp_path_for
 
 
 def default_cache_dir(url: str) -> Path:
@@ -86,30 +90,67 @@ class ShardFetcher:
         if zpath is None:
             zpath = self.cache_dir / zkey
             self._download(zkey, zpath, zipped.bytes, shard)
-        decompress_file(zpath, zipped, compression, raw, dest, label, shard, self.verify_hashes)
+        check = sorted(zipped.hashes) if self.verify_hashes else ()
+        decompress_file(zpath, zipped, compression, raw, dest, label, shard, check)
         if downloaded:
             zpath.unlink(missing_ok=True)  # the decompressed copy is what readers use
 
 
 def decompress_file(zpath: Path, zipped: FileInfo, compression: str | None, raw: FileInfo, dest: Path,
-                    label: str, shard: int | None, verify_hashes: bool = False) -> None:
-    """Decompress a stored shard file into `dest` atomically, checking sizes (and digests) on the way."""
-    try:
-        blob = zpath.read_bytes()
-    except FileNotFoundError:
-        raise MissingShard(label, "compressed shard file is missing", shard) from None
-    if len(blob) != zipped.bytes:
-        raise TruncatedShard(label, f"file has {len(blob)} bytes but index.json records {zipped.bytes}", shard)
-    if verify_hashes:
-        verify_digests(blob, zipped, label, shard)
+                    label: str, shard: int | None, check: Collection[str] = ()) -> None:
+    """Decompress a stored shard file into `dest` atomically, streaming, checking sizes on the way.
+
+    Memory stays O(chunk) whatever the stream inflates to, and the output may not pass the raw size
+    index.json declares (a corrupt shard or a decompression bomb is an error naming both sizes).
+    `check` names hash algorithms whose recorded digests of the compressed file (before decoding, as
+    MosaicML does) and of the decompressed bytes (as they are written) must match.
+    """
     codec = parse_compression(compression)
     try:
-        data = codec.decompress(blob) if codec else blob
-    except Exception as err:  # every codec library has its own error type
-        raise CorruptShard(label, f"cannot decompress ({compression}): {err}", shard) from None
-    if len(data) != raw.bytes:
-        raise CorruptShard(label, f"decompresses to {len(data)} bytes but index.json records {raw.bytes}", shard)
-    atomic_write(dest, data)
+        src = open(zpath, "rb")  # noqa: SIM115 - closed by the with-block below
+    except FileNotFoundError:
+        raise MissingShard(label, "compressed shard file is missing", shard) from None
+    with src:
+        size = os.fstat(src.fileno()).st_size
+        if size != zipped.bytes:
+            raise TruncatedShard(label, f"file has {size} bytes but index.json records {zipped.bytes}", shard)
+        if check and size:
+            with mmap.mmap(src.fileno(), 0, access=mmap.ACCESS_READ) as blob:
+                verify_digests(blob, zipped, label, shard, check)
+        _inflate_into(src, codec, raw, dest, label, shard, check)
+
+
+def _inflate_into(src: BinaryIO, codec: Compression | None, raw: FileInfo, dest: Path, label: str,
+                  shard: int | None, check: Collection[str]) -> None:
+    digests = Digests(check)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path_for(dest)
+    try:
+        with open(tmp, "wb") as out:
+            pieces = codec.inflate(src, raw.bytes) if codec else iter(lambda: src.read(CHUNK), b"")
+            for piece in pieces:
+                digests.update(piece)
+                out.write(piece)
+            seen = out.tell()
+        if seen != raw.bytes:
+            raise CorruptShard(label, f"decompresses to {seen} bytes but index.json records {raw.bytes}", shard)
+        for algo, got in digests.hexdigests().items():
+            if got != raw.hashes[algo].lower():
+                raise HashMismatch(label, f"decompressed {algo} digest is {got} but index.json records "
+                                   f"{raw.hashes[algo]}", shard)
+        os.replace(tmp, dest)
+    except InflateLimitError as err:
+        raise CorruptShard(label, f"decompresses to more than the {raw.bytes} bytes index.json records for "
+                           f"{raw.basename} (stopped at {err.seen}): a corrupt shard or a decompression bomb",
+                           shard) from None
+    except (ShardFormatError, OSError):
+        raise
+    except Exception as err:  # every codec library has its own error type (some with no message)
+        reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+        raise CorruptShard(label, f"cannot decompress as {codec.text if codec else None}: {reason}",
+                           shard) from None
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _has_size(path: Path, size: int) -> bool:

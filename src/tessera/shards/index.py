@@ -6,6 +6,10 @@ file and shard) and never write one; our own extensions go at the top level of i
 readers ignore unknown keys (we keep them in `DatasetIndex.extensions` so a rewrite preserves them).
 Basenames come from untrusted data and are joined to a local root, so absolute ones and ones that climb
 out of the root are refused here, before any path is built.
+
+Entries that are each well-formed can still disagree as a whole, and every reader would then serve
+wrong data without a word: a file listed by two entries (its samples come twice), or `samples: 0` on a
+file that holds samples (they are never read). Those are refused at load too (`inconsistencies`).
 """
 
 from __future__ import annotations
@@ -54,6 +58,10 @@ def check_basename(basename: Any, file: str, shard: int | None = None) -> str:
 def shard_key(basename: str) -> str:
     """The store key of a validated basename: '/'-separated, '.' segments folded away."""
     return str(PurePosixPath(basename))
+
+
+class InconsistentIndex(IndexFormatError):
+    """index.json's entries disagree as a whole (a file listed twice, a sample count that hides samples)."""
 
 
 def _fail(file: str, shard: int | None, detail: str) -> IndexFormatError:
@@ -109,6 +117,19 @@ class ShardEntry:
     def stored(self) -> FileInfo:
         """The file actually stored for the shard's data: the compressed one when compressed."""
         return self.zip_data or self.raw_data
+
+    @property
+    def files(self) -> list[FileInfo]:
+        """Every file the entry names (data and meta, raw and compressed)."""
+        infos = (self.raw_data, self.zip_data, self.raw_meta, self.zip_meta)
+        return [info for info in infos if info is not None]
+
+    def empty_size(self) -> int:
+        """Bytes of this shard's raw data file when it holds no samples: an MDS shard is then its
+        header (count, one offset) and config JSON; a JSON/CSV/TSV data file is empty."""
+        if self.format != "mds":
+            return 0
+        return 8 + len(json.dumps(self.config(), sort_keys=True).encode())
 
     def config(self) -> dict[str, Any]:
         """The writer configuration embedded in each MDS shard (the entry without per-shard facts)."""
@@ -217,9 +238,32 @@ class DatasetIndex:
         obj = {**self.extensions, "shards": [entry.to_json() for entry in self.shards], "version": 2}
         return json.dumps(obj, sort_keys=True)
 
+    def inconsistencies(self, file: str) -> list[InconsistentIndex]:
+        """What makes the entries wrong as a whole; each error names `file`, the shard and the basename."""
+        found: list[InconsistentIndex] = []
+        owner: dict[str, int] = {}
+        for shard, entry in enumerate(self.shards):
+            for info in entry.files:
+                key = shard_key(info.basename)
+                first = owner.setdefault(key, shard)
+                if first != shard:
+                    found.append(InconsistentIndex(file, f"{info.basename!r} is listed again (first by shard "
+                                                   f"{first}): its samples would be read twice; remove the "
+                                                   "duplicate entry", shard))
+            if entry.samples == 0 and entry.raw_data.bytes > entry.empty_size():
+                found.append(InconsistentIndex(file, f"samples is 0 but {entry.raw_data.basename!r} has "
+                                               f"{entry.raw_data.bytes} bytes (an empty shard has "
+                                               f"{entry.empty_size()}): its samples would never be read; "
+                                               "rebuild the index with `tessera data repair`", shard))
+        return found
+
     @classmethod
-    def from_json(cls, text: str | bytes, file: str) -> DatasetIndex:
-        """Parse and validate index.json text; IndexFormatError names `file` (and the shard) on errors."""
+    def from_json(cls, text: str | bytes, file: str, *, strict: bool = True) -> DatasetIndex:
+        """Parse and validate index.json text; IndexFormatError names `file` (and the shard) on errors.
+
+        `strict=False` accepts entries that are wrong only as a whole (see `inconsistencies`), for tools
+        that report every problem of a dataset rather than stop at the first.
+        """
         try:
             obj = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -230,4 +274,8 @@ class DatasetIndex:
             raise IndexFormatError(file, f"unsupported index version {obj.get('version')!r} (expected 2)")
         shards = [ShardEntry.from_json(entry, file, i) for i, entry in enumerate(obj["shards"])]
         extensions = {k: v for k, v in obj.items() if k not in ("shards", "version")}
-        return cls(shards, extensions)
+        index = cls(shards, extensions)
+        problems = index.inconsistencies(file) if strict else []
+        if problems:
+            raise problems[0]
+        return index

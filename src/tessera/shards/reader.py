@@ -14,7 +14,7 @@ import json
 import mmap
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,12 +66,16 @@ def map_file(path: Path, label: str, shard: int | None, allow_empty: bool = Fals
         raise MissingShard(label, "shard file is missing", shard) from None
 
 
-def verify_digests(data: Any, info: FileInfo, label: str, shard: int | None) -> None:
-    """Check every digest index.json records for this file; HashMismatch names the algorithm."""
-    algos = [algo for algo in info.hashes if algo in HASH_ALGORITHMS]
-    unknown = sorted(set(info.hashes) - set(algos))
+def verify_digests(data: Any, info: FileInfo, label: str, shard: int | None,
+                   only: Collection[str] | None = None) -> None:
+    """Check the digests index.json records for this file (all, or the algorithms in `only`);
+    HashMismatch names the algorithm."""
+    wanted = set(info.hashes) if only is None else set(only)
+    algos = [algo for algo in wanted if algo in HASH_ALGORITHMS and algo in info.hashes]
+    unknown = sorted(wanted - set(algos))
     if unknown:
-        raise ShardFormatError(label, f"cannot verify unsupported hash algorithms {unknown}", shard)
+        raise ShardFormatError(label, f"cannot verify hash algorithms {unknown}: unsupported, or not recorded "
+                               f"in index.json (it records {sorted(info.hashes)})", shard)
     digests = Digests(algos)
     digests.update(data)
     for algo, got in digests.hexdigests().items():

@@ -5,28 +5,64 @@ limit), and JSON/CSV/TSV/XSV shards keep it in their `.meta` file, so the index 
 counts from the headers, sizes and digests from the bytes (compressed shards are decompressed to get
 the raw size and digests). Each shard is fully validated on the way; bad ones are either an error or,
 with `skip_bad=True`, left out and reported.
+
+A dataset whose write was interrupted (a `convert` killed mid-way) also has no index.json, but its shard
+files are only a prefix of the data: rebuilding an index from them would commit a partial dataset that
+looks complete. The writer's journal (`index.partial.json`, see session.py) says a write was in flight,
+so repair refuses (`InterruptedWrite`, listing what is complete and how to resume) unless the caller
+asks for a partial index with `allow_partial=True`.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tessera.shards.compression import FAMILIES, parse_compression
-from tessera.shards.errors import DatasetExists, ShardFormatError
-from tessera.shards.fetch import atomic_write
+from tessera.shards.errors import DatasetExists, ShardError, ShardFormatError
 from tessera.shards.hashing import digest_parts
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, ShardEntry
 from tessera.shards.reader import ShardReader, parse_config
-from tessera.storage import Store
+from tessera.shards.session import JOURNAL_BASENAME, JOURNAL_KEY
+from tessera.storage import NotFound, Store
+from tessera.storage.local import write_atomic as atomic_write
 
 _FORMATS = ("mds", "json", "csv", "tsv", "xsv")
 _SHARD_FILE = re.compile(
     r"^(?P<raw>(?:.*/)?shard\.(?P<number>\d+)\.(?P<format>" + "|".join(_FORMATS) + r"))"
     r"(?P<meta>\.meta)?(?:\.(?P<family>" + "|".join(FAMILIES) + r"))?$"
 )
+MAX_SHARD_BYTES = 1 << 32  # sample offsets are u32: no shard file is larger, whatever it inflates to
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    """What the journal of an interrupted write says is complete: the shards it confirmed (a resume keeps
+    them) and how many shard files the store holds (some may have been stored after the last journal)."""
+
+    state: str
+    shards: int
+    samples: int
+    last: str | None
+    files: int
+
+
+class InterruptedWrite(ShardError, RuntimeError):
+    """The dataset's write was interrupted: an index rebuilt from its shard files would be partial."""
+
+    def __init__(self, url: str, found: Interrupted) -> None:
+        self.url = url
+        self.found = found
+        finished = "had finished and was committing" if found.state == "committing" else "was interrupted"
+        super().__init__(
+            f"{url}: a write {finished} ({JOURNAL_BASENAME} is present): it confirmed {found.shards} shards "
+            f"with {found.samples:,} samples{f' (up to {found.last})' if found.last else ''}, and "
+            f"{found.files} shard files are stored; finish it with the same `tessera data convert INPUT "
+            f"{url} --mode resume` (it keeps the confirmed shards), or pass allow_partial "
+            "(--allow-partial) to commit an index of the shards present as a partial dataset")
 
 
 @dataclass
@@ -36,6 +72,7 @@ class RepairReport:
     index: DatasetIndex
     skipped: list[tuple[str, str]] = field(default_factory=list)
     written: bool = False
+    interrupted: Interrupted | None = None  # set when allow_partial rebuilt after an interrupted write
 
 
 @dataclass
@@ -72,10 +109,11 @@ def _blobs(store: Store, files: _Files, kind: str, label: str) -> tuple[bytes, b
     if zip_key is None or compressed is None:
         raise ShardFormatError(label, f"no {kind} file found")
     codec = parse_compression(zip_key.rpartition(".")[2])
-    try:
-        return codec.decompress(compressed), compressed  # type: ignore[union-attr]
-    except Exception as err:  # each codec library raises its own type
-        raise ShardFormatError(store.url_for(zip_key), f"cannot decompress: {err}") from None
+    try:  # streamed with a cap: a decompression bomb is an error, not an out-of-memory kill
+        return b"".join(codec.inflate(io.BytesIO(compressed), MAX_SHARD_BYTES)), compressed  # type: ignore[union-attr]
+    except Exception as err:  # each codec library raises its own type (some with no message)
+        reason = str(err) or type(err).__name__
+        raise ShardFormatError(store.url_for(zip_key), f"cannot decompress: {reason}") from None
 
 
 def _file_info(files: _Files, kind: str, algos: list[str], raw: bytes,
@@ -124,21 +162,40 @@ def _rebuild_entry(store: Store, raw_name: str, files: _Files, scratch: Path) ->
     return ShardEntry.from_json(obj, label)
 
 
+def interrupted_write(store: Store) -> Interrupted | None:
+    """What an interrupted write left (from its journal), or None when no write was in flight."""
+    try:
+        text = store.get(JOURNAL_BASENAME)
+    except NotFound:
+        return None
+    journal = DatasetIndex.from_json(text, store.url_for(JOURNAL_BASENAME), strict=False)
+    meta = journal.extensions.get(JOURNAL_KEY)
+    state = meta.get("state") if isinstance(meta, dict) else None
+    last = journal.shards[-1].raw_data.basename if journal.shards else None
+    return Interrupted(str(state or "unknown"), len(journal.shards), journal.num_samples, last,
+                       len(_group(store)))
+
+
 def repair_index(url: str | Path | Store, split: str | None = None, *, overwrite: bool = False,
-                 skip_bad: bool = False, dry_run: bool = False) -> RepairReport:
+                 skip_bad: bool = False, dry_run: bool = False, allow_partial: bool = False) -> RepairReport:
     """Rebuild index.json of the dataset at `url` from its shard files and commit it (atomically).
 
     Args:
         overwrite: replace an existing index.json (otherwise DatasetExists).
         skip_bad: leave out shards that fail validation (listed in the report) instead of raising.
         dry_run: compute the index without writing it.
+        allow_partial: rebuild even though a write was interrupted (otherwise InterruptedWrite); the
+            journal is kept, so `mode="resume"` can still finish the write and replace the partial index.
     """
     from tessera.shards.dataset import open_dataset_store
 
     store = open_dataset_store(url, split)
+    interrupted = interrupted_write(store)
+    if interrupted is not None and not allow_partial:
+        raise InterruptedWrite(store.url, interrupted)
     if not overwrite and not dry_run and store.exists(INDEX_BASENAME):
         raise DatasetExists(f"{store.url_for(INDEX_BASENAME)} exists; pass overwrite=True to rebuild it anyway")
-    report = RepairReport(DatasetIndex())
+    report = RepairReport(DatasetIndex(), interrupted=interrupted)
     with tempfile.TemporaryDirectory(prefix="tessera-repair-") as scratch:
         for raw_name, files in _group(store):
             try:

@@ -54,8 +54,11 @@ class TransientError(StorageError):
     """A retryable failure (5xx, throttling, timeout, reset) that outlived the retry policy."""
 
 
-class IntegrityError(StorageError):
-    """Downloaded bytes do not match the expected size or hash."""
+class IntegrityError(StorageError, ValueError):
+    """Bytes do not match the expected size or hash (downloaded now, or found in a cache).
+
+    Also a ValueError: MosaicML Streaming raises ValueError for a checksum failure, so code written for
+    it (`except ValueError`) still catches ours."""
 
 
 _TRANSIENT_PATTERNS = re.compile(

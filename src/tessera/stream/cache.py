@@ -9,6 +9,9 @@ with `flock`ed files under `<cache>/.tessera/` and atomic renames, never shared 
 - the kernel drops every lock of a process that dies, so `kill -9` leaves nothing that blocks.
 A file is valid only next to a stamp naming the index entry it was downloaded for: when the remote
 index changes, a cached shard whose entry changed is fetched again instead of being served stale.
+With `validate_hash`, every raw shard file is hashed on its first use in a process, wherever it came
+from (downloaded now, cached by another process, a local-only dataset): a byte flipped on disk is an
+error, never a wrong sample.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import fcntl
 import glob
 import json
 import math
+import mmap
 import os
 import resource
 import time
@@ -30,11 +34,33 @@ import xxhash
 
 from tessera.shards.fetch import decompress_file
 from tessera.shards.index import ShardEntry
-from tessera.storage import IntegrityError, Store, download_from, hash_file
+from tessera.storage import IntegrityError, Store, download_from, new_hasher
 from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_atomic
 
 META_DIR = ".tessera"
 INDEX_NAME = "index.json"
+# Raw shard files this process has hashed and found right, as (path, entry stamp, device, inode, size,
+# mtime): validate_hash costs one hash per shard file per process, not one per open. A file replaced or
+# rewritten in place gets a new key, so it is hashed again.
+_VERIFIED: set[tuple[str, str, int, int, int, int]] = set()
+
+
+def _file_key(path: Path, entry: ShardEntry, st: os.stat_result) -> tuple[str, str, int, int, int, int]:
+    return (str(path), entry_stamp(entry), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def check_hash_recorded(entries: list[ShardEntry], algo: str | None, label: str) -> None:
+    """validate_hash names an algorithm every shard's files record in index.json (else nothing could be
+    checked): a ValueError at start-up naming the index, instead of a failure at some later shard."""
+    if not algo:
+        return
+    new_hasher(algo)  # ValueError listing the supported algorithms
+    for shard, entry in enumerate(entries):
+        for info in (entry.raw_data, entry.zip_data):
+            if info is not None and algo not in info.hashes:
+                raise IntegrityError(f"{label}: validate_hash={algo!r} but shard {shard} ({info.basename}) "
+                                     f"records only {sorted(info.hashes) or 'no hashes'}; pass one of those, "
+                                     "or validate_hash=None", label)
 
 
 def raise_open_file_limit() -> None:
@@ -208,7 +234,7 @@ class ShardCache:
             self._remove_partial_downloads(entry)
             t0 = time.perf_counter()
             decompress_file(zip_path, entry.zip_data, entry.compression, entry.raw_data, path, str(zip_path),
-                            None, self.validate_hash is not None)
+                            None, self._check)
             self.stats.decompress_seconds += time.perf_counter() - t0
             write_atomic(self._stamp_path(entry.raw_data.basename), stamp.encode())
         return path
@@ -235,7 +261,9 @@ class ShardCache:
                 raise IntegrityError(f"{stored.basename}: index has no {self.validate_hash} hash to validate")
             want = (self.validate_hash, digest)
         t0 = time.perf_counter()
-        download_from(self.remote, stored.basename, dest, size=stored.bytes, hash=want)  # type: ignore[arg-type]
+        # A compressed file's digest is checked by _decompress, on the way to the raw file's.
+        download_from(self.remote, stored.basename, dest, size=stored.bytes,  # type: ignore[arg-type]
+                      hash=want if entry.zip_data is None else None)
         self.stats.download_seconds += time.perf_counter() - t0
         self.stats.downloads += 1
         self.stats.bytes_downloaded += stored.bytes
@@ -246,20 +274,53 @@ class ShardCache:
         tmp = temp_path_for(stamp)
         tmp.write_text(entry_stamp(entry))
         os.replace(tmp, stamp)
+        if self.validate_hash:  # checked on the way in: no need to hash it again at first use
+            with contextlib.suppress(FileNotFoundError):
+                _VERIFIED.add(_file_key(self.path(entry), entry, self.path(entry).stat()))
 
     def _decompress(self, entry: ShardEntry, zip_path: Path) -> None:
         t0 = time.perf_counter()
         label = self.remote.url_for(entry.stored.basename) if self.remote else str(zip_path)
-        decompress_file(zip_path, entry.stored, entry.compression, entry.raw_data, self.path(entry), label, None)
+        decompress_file(zip_path, entry.stored, entry.compression, entry.raw_data, self.path(entry), label, None,
+                        self._check)
         if not self.keep_zip:
             zip_path.unlink(missing_ok=True)
         self.stats.decompress_seconds += time.perf_counter() - t0
 
-    def verify(self, entry: ShardEntry, algo: str) -> None:
-        """Check a cached raw shard against the index hash (used when validate_hash is set)."""
+    @property
+    def _check(self) -> tuple[str, ...]:
+        """The hash algorithms a decompression verifies (validate_hash's, or none)."""
+        return (self.validate_hash,) if self.validate_hash else ()
+
+    def verify(self, entry: ShardEntry, path: Path | None = None, label: str | None = None) -> None:
+        """Check the raw shard file against index.json's `validate_hash` digest, once per process.
+
+        Called on every reader open; only the first use of a file version in this process hashes it
+        (see _VERIFIED). IntegrityError (a ValueError, as MosaicML raises) names the file and algorithm.
+        """
+        algo = self.validate_hash
+        if not algo:
+            return
+        path = path or self.path(entry)
+        with contextlib.suppress(FileNotFoundError):  # a missing file is the reader's error to report
+            if _file_key(path, entry, path.stat()) in _VERIFIED:
+                return
         want = entry.raw_data.hashes.get(algo)
-        if want and hash_file(self.path(entry), algo) != want:
-            raise IntegrityError(f"{self.path(entry)}: {algo} mismatch with index.json")
+        if want is None:
+            raise IntegrityError(f"{label or path}: index.json records no {algo} digest to validate "
+                                 f"(it has {sorted(entry.raw_data.hashes)})", label or str(path))
+        with open(path, "rb") as file:  # hash and stat the same open file: the key names what was hashed
+            st = os.fstat(file.fileno())
+            hasher = new_hasher(algo)
+            if st.st_size:
+                with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                    hasher.update(data)
+        if hasher.hexdigest() != want.lower():
+            raise IntegrityError(f"{label or path}: {algo} digest of {path} is {hasher.hexdigest()} but "
+                                 f"index.json records {want}: the file changed after it was written or "
+                                 "downloaded; delete it (a cached copy is fetched again) or rewrite the "
+                                 "dataset", label or str(path))
+        _VERIFIED.add(_file_key(path, entry, st))
 
     # pins and eviction -------------------------------------------------------------------
     @contextlib.contextmanager

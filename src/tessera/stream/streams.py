@@ -19,7 +19,7 @@ from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
 from tessera.shards.reader import ShardReader
 from tessera.storage import NotFound, RetryPolicy, Store, open_store, parse_url
 from tessera.storage.local import LocalStore, write_atomic
-from tessera.stream.cache import ShardCache
+from tessera.stream.cache import ShardCache, check_hash_recorded
 from tessera.stream.forksafe import call_outside_runtime
 from tessera.stream.mixing import StreamShards
 
@@ -96,6 +96,7 @@ class LoadedStream:
         entry = self.entries[shard]
         label = (self.remote_store.url_for(entry.raw_data.basename) if self.remote_store
                  else str(self.local_root / entry.raw_data.basename))
+        self.cache.verify(entry, path, label)  # validate_hash: on the file's first use in this process
         return ShardReader(path, entry, columns=columns, allow_unsafe_types=allow_unsafe_types, label=label,
                            shard=shard)
 
@@ -150,6 +151,7 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
     if formats:
         raise ValueError(f"{label}: streaming reads MDS shards; this dataset has {formats} shards "
                          "(read those with tessera.shards.MDSDataset, or convert them)")
+    check_hash_recorded(index.shards, spec.validate_hash or validate_hash, label)
     cache = ShardCache(local_root, remote, cache_limit=cache_limit,
                        validate_hash=spec.validate_hash or validate_hash,
                        keep_zip=spec.keep_zip if spec.keep_zip is not None else keep_zip,
