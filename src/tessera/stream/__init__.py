@@ -8,8 +8,10 @@ from tessera.stream.cache import CacheLimitError, ShardCache
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.loader import StreamingDataLoader
 from tessera.stream.plan import EpochPlan, PlanConfig, PlanState, PlanStateMismatch, RunPlan
+from tessera.stream.registry import streams_registry
 from tessera.stream.streams import Stream
 from tessera.stream.world import World
 
 __all__ = ["CacheLimitError", "EpochPlan", "PlanConfig", "PlanState", "PlanStateMismatch", "RunPlan",
-           "ShardCache", "Stream", "StreamingDataLoader", "StreamingDataset", "World"]
+           "ShardCache", "Stream", "StreamingDataLoader", "StreamingDataset", "World",
+           "streams_registry"]

@@ -34,9 +34,12 @@ from tessera.stream import batching
 from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method
 from tessera.stream.cache import check_cache_limit, largest_shard, raise_open_file_limit
 from tessera.stream.gather import BatchRefs, gather, gather_to_slot
+from tessera.stream.mixing import check_granularity
+from tessera.stream.mosaic_api import MosaicDatasetAPI
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.prefetch import NoPrefetch, Prefetcher
 from tessera.stream.ranged import RangedReads
+from tessera.stream.registry import build_stream
 from tessera.stream.row_addresses import RowAddresses
 from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes, rank_positions
 from tessera.stream.slots import Layout, SlotRing
@@ -48,6 +51,7 @@ from tessera.stream.streams import (
     has_remote_copy,
     load_stream,
     local_root_of,
+    write_back_weights,
 )
 from tessera.stream.world import World
 
@@ -58,7 +62,7 @@ from tessera.stream.world import World
 OPEN_READERS = 256
 
 
-class StreamingDataset(IterableDataset):
+class StreamingDataset(MosaicDatasetAPI, IterableDataset):
     """Stream one or more MDS datasets; see the module docstring and docs/streaming.md."""
 
     def __init__(self, *, streams: Sequence[Stream] | None = None, remote: str | None = None,
@@ -71,15 +75,21 @@ class StreamingDataset(IterableDataset):
                  shuffle_algo: str = "py1e", shuffle_seed: int = 9176, shuffle_block_size: int | None = None,
                  batching_method: str = "random", allow_unsafe_types: bool = False,
                  replication: int | None = None, columns: Sequence[str] | None = None,
-                 ranged_reads: bool = True) -> None:
+                 ranged_reads: bool = True, stream_name: str = "stream",
+                 stream_config: dict[str, Any] | None = None) -> None:
         if streams and (remote is not None or local is not None):
             raise ValueError("pass either streams=[...] or remote/local, not both")
-        if sampling_granularity != 1:
-            raise NotImplementedError("sampling_granularity other than 1 is not supported (docs/streaming.md)")
+        if streams and (stream_name != "stream" or stream_config):
+            raise ValueError("stream_name/stream_config build the dataset's one stream from remote/local; "
+                             "with streams=[...] construct those Streams yourself")
+        self.sampling_granularity = check_granularity(sampling_granularity)
+        self.initial_physical_nodes: int | None = None  # MosaicML's: the node count of the first run
         self.batching_method = check_batching_method(batching_method)
         if partition_algo not in ("orig", "relaxed"):
             raise ValueError(f"unknown partition_algo {partition_algo!r}")
-        specs = list(streams) if streams else [Stream(remote=remote, local=local, split=split)]
+        specs = list(streams) if streams else [build_stream(
+            stream_name, stream_config, remote=remote, local=local, split=split, download_retry=download_retry,
+            download_timeout=download_timeout, validate_hash=validate_hash, keep_zip=keep_zip)]
         for spec in specs:
             if spec.split is None and split is not None:
                 spec.split = split
@@ -99,6 +109,8 @@ class StreamingDataset(IterableDataset):
             load_stream(s, download_retry=download_retry, download_timeout=download_timeout,
                         validate_hash=validate_hash, keep_zip=keep_zip, cache_limit=self.cache_limit,
                         peer_roots=roots) for s in specs]
+        for st in self.streams:
+            st.granularity = self.sampling_granularity
         check_cache_limit(self.cache_limit, self.streams)
         self._max_open = OPEN_READERS
         if self.cache_limit is not None:
@@ -116,6 +128,7 @@ class StreamingDataset(IterableDataset):
                                   sampling_method=sampling_method,
                                   dataset_fingerprint=":".join(st.fingerprint for st in self.streams))
         self._run = RunPlan([st.shards() for st in self.streams], self._config)
+        write_back_weights(self.streams, self._run.units.choose)  # stream.proportion/repeat/choose, as MosaicML
         self._stream_plans: StreamPlans | None = None  # batching_method other than "random" (batching.py)
         batching.check_batching_settings(self.batching_method, [c for c in self._run.units.choose.tolist() if c > 0],
                                          self.global_batch_size(world), self.batch_size)  # before any download
@@ -141,11 +154,6 @@ class StreamingDataset(IterableDataset):
     def num_samples(self) -> int:
         """Samples stored in all streams (before weighting): the range of `ds[i]`."""
         return int(self._shard_base[-1])
-
-    @property
-    def size(self) -> int:
-        """Samples in one epoch after stream weighting (MosaicML's `size`)."""
-        return int(self._run.epoch(self._epoch).size)
 
     def _layout(self, world: World, group: int = 1) -> DeviceLayout:
         r = self.replication
@@ -232,12 +240,6 @@ class StreamingDataset(IterableDataset):
             reader.close()
             pin.__exit__(None, None, None)
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"sample {index} is outside [0, {self.num_samples})")
-        shard, local = self._locate(np.array([index]))
-        return self._reader(int(shard[0])).get(int(local[0]))
-
     # --- epochs and resumption --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """The epoch the next iteration serves (StreamingDataLoader calls this for you)."""
@@ -259,7 +261,7 @@ class StreamingDataset(IterableDataset):
         if self.batching_method == "random":
             n = len(self._run.epoch(epoch))
             state = make_state(self._run, epoch, min(consumed, n))  # the wrapped tail counts as the end
-            return {**state, "batching_method": "random"}
+            return {**state, "batching_method": "random", **self._mosaic_state_keys()}
         G = self.global_batch_size()
         consumed = min(consumed, self._epoch_samples(epoch, G))
         unit = batching.resume_unit(self.batching_method, G, self.batch_size)
@@ -269,11 +271,12 @@ class StreamingDataset(IterableDataset):
         state = make_state(self._run, epoch, 0)
         return {**state, "samples_consumed": consumed, "sample_in_epoch": consumed,
                 "batching_method": self.batching_method, "global_batch_size": G,
-                "device_batch_size": self.batch_size}
+                "device_batch_size": self.batch_size, **self._mosaic_state_keys()}
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         """Continue the global order exactly where `obj` stopped, on any world size or worker count."""
         state = check_resume_state(obj, self._config)
+        self.initial_physical_nodes = obj.get("initial_physical_nodes")
         saved = obj.get("batching_method", "random" if obj.get("format") else self.batching_method)
         if saved != self.batching_method:
             raise PlanStateMismatch(f"resume state has batching_method={saved!r} but this run has "

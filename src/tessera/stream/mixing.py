@@ -17,10 +17,16 @@ Semantics follow MosaicML Streaming's `Stream(proportion=, repeat=, choose=)`:
 - ``sampling_method="balanced"`` (default) draws the r-subset afresh every epoch from a key including the
   epoch; ``"fixed"`` draws it once per run, so every epoch sees the same samples.
 
+- ``sampling_granularity=g`` (MosaicML's meaning, from its ``get_sampling``): the r-subset is taken from
+  shards in granules of g samples. Each shard is cut into ``ceil(n/g)`` granules (its last one may be
+  shorter); the granules are put in a random order and taken whole until r samples are reached, the
+  last one taken in part. So every shard but at most one contributes a whole number of granules, and a
+  large g draws the subset from few shards (fewer downloads). With g = 1 this is a uniform r-subset.
+
 The subset is drawn without materialising it: the per-shard counts come from a multivariate
-hypergeometric split (O(shards)), and the samples of a shard's partial unit are the images of
-``0..count-1`` under a keyed permutation of the shard (`feistel_permute`). Unlike MosaicML there is no
-``sampling_granularity``: the subset is uniform at sample granularity.
+hypergeometric split (O(shards); with g > 1, O(shards) per halving of the granules: `split_granules`),
+and the samples of a shard's partial unit are the images of ``0..count-1`` under a keyed permutation
+of the shard (`feistel_permute`): which samples of a shard, as in MosaicML, are uniform at any g.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ class StreamShards:
     proportion: float | None = None
     repeat: float | None = None
     choose: int | None = None
+    granularity: int = 1
     sizes: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -72,10 +79,18 @@ class StreamShards:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.choose is not None and (int(self.choose) != self.choose or self.choose < 0):
             raise ValueError(f"choose must be an integer >= 0, got {self.choose!r}")
+        check_granularity(self.granularity)
 
     @property
     def num_samples(self) -> int:
         return int(self.sizes.sum())
+
+
+def check_granularity(granularity: object) -> int:
+    """`sampling_granularity` as an int >= 1 (MosaicML also raises ValueError for others)."""
+    if isinstance(granularity, bool) or not isinstance(granularity, (int, np.integer)) or granularity < 1:
+        raise ValueError(f"sampling_granularity must be an integer >= 1, got {granularity!r}")
+    return int(granularity)
 
 
 def resolve_choose(streams: Sequence[StreamShards], epoch_size: int | None, seed: int) -> np.ndarray:
@@ -124,6 +139,23 @@ def resolve_choose(streams: Sequence[StreamShards], epoch_size: int | None, seed
     return choose
 
 
+def resolved_weights(streams: Sequence[StreamShards], choose: np.ndarray) -> list[tuple[float, float, int]]:
+    """(proportion, repeat, choose) per stream as MosaicML's `Stream.apply_weights` writes them back:
+    the proportion normalised over the streams (the given ones when weighting relatively, else each
+    stream's share of the samples: stored ones when no stream is weighted, weighted ones otherwise),
+    and repeat = choose / the stream's samples (0 for an empty stream)."""
+    totals = np.array([s.num_samples for s in streams], dtype=np.float64)
+    if all(s.proportion is not None for s in streams):
+        share = np.array([s.proportion for s in streams], dtype=np.float64)
+    elif all(s.repeat is None and s.choose is None for s in streams):
+        share = totals
+    else:
+        share = np.asarray(choose, dtype=np.float64)
+    share = share / share.sum()
+    repeat = np.divide(choose, totals, out=np.zeros_like(totals), where=totals > 0)
+    return [(float(p), float(r), int(c)) for p, r, c in zip(share, repeat, choose, strict=True)]
+
+
 def split_count(sizes: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
     """Per-bucket counts of a uniform random `count`-subset of ``sum(sizes)`` items (O(buckets)).
 
@@ -159,6 +191,42 @@ def split_count(sizes: np.ndarray, count: int, rng: np.random.Generator) -> np.n
     return out
 
 
+def split_granules(sizes: np.ndarray, count: int, granularity: int, rng: np.random.Generator) -> np.ndarray:
+    """Per-shard counts of a `count`-subset taken in granules (see the module docstring), O(shards log).
+
+    Granules in a uniformly random order, taken until `count` is reached, is the same as: halve the
+    granules not yet decided into a random first half and the rest; if the samples taken so far plus
+    the first half reach `count`, the stop lies in the first half (drop the rest), else take the first
+    half whole and go on in the rest. Each halving is one `split_count` over (shard, whole or last
+    granule) buckets; the granule left at the end is the one taken in part.
+    """
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if granularity == 1:
+        return split_count(sizes, count, rng)
+    full, tail = sizes // granularity, sizes % granularity
+    # The pool of undecided granules: per shard, whole ones (g samples) and the short last one (0 or 1).
+    pool = np.concatenate([full, (tail > 0).astype(np.int64)])
+    weight = np.concatenate([np.full(sizes.size, granularity, dtype=np.int64), tail])
+    taken = np.zeros_like(pool)
+    need = int(count)
+    while need > 0 and pool.sum() > 1:
+        first = split_count(pool, int(pool.sum()) // 2, rng)
+        got = int((first * weight).sum())
+        if got >= need:
+            pool = first
+        else:
+            taken, pool, need = taken + first, pool - first, need - got
+    if need > 0:  # one granule left: the stop is in it
+        last = int(np.flatnonzero(pool)[0])
+        taken[last] += 1
+        over = int(weight[last]) - need
+    else:
+        last, over = 0, 0
+    counts = (taken * weight).reshape(2, -1).sum(axis=0)
+    counts[last % sizes.size] -= over
+    return counts
+
+
 class UnitTable:
     """The shards of all streams resolved into units (run-fixed identity, per-epoch sizes).
 
@@ -174,6 +242,7 @@ class UnitTable:
         self.seed = int(seed)
         self.sampling_method = sampling_method
         self.choose = np.asarray(choose, dtype=np.int64)
+        self.granularity = [s.granularity for s in streams]
         self.shard_sizes = np.concatenate([s.sizes for s in streams]).astype(np.int64)
         self.shard_base = np.concatenate([[0], np.cumsum(self.shard_sizes)[:-1]]).astype(np.int64)
         self.stream_shard_start = np.concatenate([[0], np.cumsum([s.sizes.size for s in streams])]).astype(np.int64)
@@ -213,7 +282,8 @@ class UnitTable:
             if remainder == 0:
                 continue
             lo, hi = self.stream_shard_start[s], self.stream_shard_start[s + 1]
-            counts = split_count(self.shard_sizes[lo:hi], int(remainder), philox(self.seed, TAG_REMAINDER_COUNTS, word, s))
+            counts = split_granules(self.shard_sizes[lo:hi], int(remainder), self.granularity[s],
+                                    philox(self.seed, TAG_REMAINDER_COUNTS, word, s))
             units = self._partial_shard_units[lo:hi]
             has_unit = units >= 0
             sizes[units[has_unit]] = counts[has_unit]

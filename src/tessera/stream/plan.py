@@ -147,7 +147,8 @@ class RunPlan:
         h.update(json.dumps([PLAN_VERSION, c.dataset_fingerprint, c.seed, c.num_lanes, c.shuffle, c.algo,
                              c.block_size, c.epoch_size, c.sampling_method]).encode())
         for s in self.streams:
-            h.update(json.dumps([s.proportion, s.repeat, s.choose, int(s.sizes.size)]).encode())
+            granularity = [s.granularity] if s.granularity != 1 else []  # (1 keeps older fingerprints)
+            h.update(json.dumps([s.proportion, s.repeat, s.choose, int(s.sizes.size), *granularity]).encode())
             h.update(np.ascontiguousarray(s.sizes, dtype="<i8").tobytes())
         return h.hexdigest()[:32]
 

@@ -36,7 +36,10 @@ def check_resume_state(obj: dict[str, Any], config: PlanConfig) -> PlanState:
     seed = obj.get("shuffle_seed", config.seed)
     if seed != config.seed:
         raise ValueError(f"state was saved with shuffle_seed={seed}, dataset has {config.seed}")
-    return PlanState(fingerprint="", epoch=int(obj["epoch"]), samples_consumed=int(obj["sample_in_epoch"]),
+    epoch, consumed = int(obj["epoch"]), int(obj["sample_in_epoch"])
+    if epoch < 0:  # MosaicML's state from before its first epoch began (its epoch counter is then -1)
+        epoch, consumed = 0, 0
+    return PlanState(fingerprint="", epoch=epoch, samples_consumed=consumed,
                      seed=seed, num_lanes=int(lanes), block_size=config.block_size, shuffle=config.shuffle,
                      shuffle_algo=config.algo, sampling_method=config.sampling_method,
                      epoch_size=config.epoch_size)
