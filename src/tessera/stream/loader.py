@@ -13,12 +13,19 @@ hangs. The dataset therefore reads its index.json from a short-lived helper (for
 runtime never starts here, so workers fork normally (fast: nothing to re-import). If something else
 in the process has started it, workers come from a forkserver instead (a clean process that has
 imported tessera.stream once; ~2 s the first time), unless you pass `multiprocessing_context`.
+
+With `persistent_workers=True` the workers outlive an epoch, so the dataset copy each one holds would
+keep the epoch and resume position of the first iteration. Before every iteration this process
+therefore writes its dataset's resume state (`state_dict`) into a small shared buffer, and each worker
+loads it at the start of its iteration: the same order as fresh workers, every epoch, after
+`load_state_dict` and after an epoch broken off part-way alike.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import json
 import multiprocessing
 import os
 import sys
@@ -36,7 +43,7 @@ from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.forksafe import fork_is_clean
 from tessera.stream.gather import REF_GROUP, all_fixed_size
-from tessera.stream.slots import SlotRing, slot_bytes
+from tessera.stream.slots import FILLED, FREE, SlotRing, slot_bytes
 from tessera.stream.state import StageTimes
 
 
@@ -54,27 +61,87 @@ def _worker_context() -> multiprocessing.context.BaseContext:
     return ctx
 
 
+class _IterationState:
+    """The resume state the next iteration starts from, shared with persistent workers.
+
+    A shared-memory tensor: torch passes it to fork()ed, forkserver and spawned workers alike (by file
+    descriptor, with nothing left in /dev/shm). Only the training process writes it, and only between
+    iterations, before the DataLoader tells its workers to start the next one.
+    """
+
+    CAPACITY = 1 << 16
+
+    def __init__(self) -> None:
+        self._buf = torch.zeros(8 + self.CAPACITY, dtype=torch.uint8).share_memory_()
+
+    def publish(self, dataset: StreamingDataset) -> None:
+        blob = json.dumps(dataset.state_dict(0, from_beginning=False)).encode()
+        if len(blob) > self.CAPACITY:
+            raise ValueError(f"stream resume state of {len(blob)} bytes does not fit the {self.CAPACITY}-byte "
+                             "buffer persistent workers read it from")
+        view = self._buf.numpy()
+        view[8:8 + len(blob)] = np.frombuffer(blob, np.uint8)
+        view[:8] = np.frombuffer(np.uint64(len(blob)).tobytes(), np.uint8)
+
+    def load_into(self, dataset: StreamingDataset) -> None:
+        view = self._buf.numpy()
+        size = int(view[:8].view(np.uint64)[0])
+        dataset.load_state_dict(json.loads(view[8:8 + size].tobytes()))
+
+
+def _start_worker_iteration(dataset: StreamingDataset, shared: _IterationState | None,
+                            ring: SlotRing | None) -> None:
+    """In a persistent worker, before each iteration: take up where the training process stands, and
+    free the slots of its partition that a broken-off iteration filled (their items were dropped by
+    the DataLoader and will never be handed out; nothing else of this worker's can be in flight yet)."""
+    info = get_worker_info()
+    if shared is None or info is None:
+        return
+    shared.load_into(dataset)
+    if ring is not None:
+        own = ring.state[info.id * ring.per_worker:(info.id + 1) * ring.per_worker]
+        own[own == FILLED] = FREE
+
+
 class _BatchView(IterableDataset):
     """Wraps a StreamingDataset so that each item is a group of `group` whole per-device batches
     (a list of batches, or their BatchRefs when `refs`). `ring`, when set (fork()ed workers only), is
-    the shared slot ring workers gather into (slots.py)."""
+    the shared slot ring workers gather into (slots.py); `shared` is set with persistent workers."""
 
-    def __init__(self, dataset: StreamingDataset, group: int, refs: bool) -> None:
-        self.dataset, self.group, self.refs = dataset, group, refs
+    def __init__(self, dataset: StreamingDataset, group: int, refs: bool, shared: _IterationState | None) -> None:
+        self.dataset, self.group, self.refs, self.shared = dataset, group, refs, shared
         self.ring: SlotRing | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "ring": None}  # a mapping only fork() can share; spawned workers send refs
 
     def __iter__(self) -> Iterator[Any]:
+        # A generator: a persistent worker loads the state at its first item, once the DataLoader has
+        # closed (and so cleaned up after) the iteration this one replaces.
         info = get_worker_info()
         ring = self.ring if info is not None else None
+        _start_worker_iteration(self.dataset, self.shared, ring)
         items = self.dataset.iter_batch_groups(self.group, self.refs, ring, info.id if info else 0)
-        return items if self.refs or self.group == 1 else _regroup(items, self.group)
+        yield from items if self.refs or self.group == 1 else _regroup(items, self.group)
 
     def __len__(self) -> int:
         """Items in one epoch."""
         return -(-(len(self.dataset) // self.dataset.batch_size) // self.group)
+
+
+class _SampleView(IterableDataset):
+    """The per-sample path with persistent workers: the dataset's own samples, after the worker has
+    loaded the state the training process published for this iteration."""
+
+    def __init__(self, dataset: StreamingDataset, shared: _IterationState) -> None:
+        self.dataset, self.shared = dataset, shared
+
+    def __iter__(self) -> Iterator[Any]:
+        _start_worker_iteration(self.dataset, self.shared, None)
+        yield from self.dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
 
 
 def _regroup(items: Iterator[list[Any]], group: int) -> Iterator[list[Any]]:
@@ -154,9 +221,8 @@ class StreamingDataLoader(DataLoader):
             raise ValueError(f"DataLoader batch_size={batch_size} differs from the dataset's batch_size="
                              f"{dataset.batch_size}: the global order is planned in per-device batches of "
                              "the dataset's size, so they must match")
-        if kwargs.get("persistent_workers"):
-            raise ValueError("persistent_workers=True is not supported: workers must see the epoch and the "
-                             "resume position at the start of every epoch")
+        shared = _IterationState() if kwargs.get("persistent_workers") and kwargs.get("num_workers") else None
+        self._shared = shared
         self._auto_context = kwargs.get("multiprocessing_context") is None
         self.streaming_dataset = dataset
         self.batch_path = batch_path
@@ -173,10 +239,12 @@ class StreamingDataLoader(DataLoader):
             # Groups of batches per item: workers send BatchRefs of REF_GROUP batches; without workers the
             # batch path's items carry REF_GROUP batches too (one reader, so the order is unchanged).
             group = REF_GROUP if self._refs or not kwargs.get("num_workers") else 1
-            super().__init__(_BatchView(dataset, group, self._refs), batch_size=None, collate_fn=collate, **kwargs)
+            super().__init__(_BatchView(dataset, group, self._refs, shared), batch_size=None, collate_fn=collate,
+                             **kwargs)
             object.__setattr__(self, "batch_size", batch_size)  # as on the per-sample path (torch forbids set)
         else:
-            super().__init__(dataset, batch_size=batch_size, collate_fn=user_collate or collate_samples, **kwargs)
+            super().__init__(dataset if shared is None else _SampleView(dataset, shared), batch_size=batch_size,
+                             collate_fn=user_collate or collate_samples, **kwargs)
         self._epoch = dataset._epoch
         self._batches_seen = 0
         self._ring: SlotRing | None = None  # made at the first iteration whose workers fork (slots.py)
@@ -186,10 +254,13 @@ class StreamingDataLoader(DataLoader):
         ds = self.streaming_dataset
         ds.set_epoch(self._epoch)
         self._batches_seen = 0
+        if self._shared is not None:
+            self._shared.publish(ds)  # before the DataLoader tells persistent workers to start again
         with fork_gate() as gate_open:  # decide and fork workers in one step (tessera.storage.fork_gate)
-            if self._auto_context and self.num_workers > 0:
-                self.multiprocessing_context = _worker_context() if _needs_clean_workers(ds, gate_open) else None
-            self._take_ring()
+            if self._iterator is None:  # workers start (persistent ones only the first time)
+                if self._auto_context and self.num_workers > 0:
+                    self.multiprocessing_context = _worker_context() if _needs_clean_workers(ds, gate_open) else None
+                self._take_ring()
             items = super().__iter__()  # workers start here
         try:
             for item in items:
