@@ -113,5 +113,5 @@ def test_epoch_size_1k_is_1000_samples_as_in_mosaic(tmp_path: Path) -> None:
         for i in range(1500):
             writer.write({"i": i})
     ds = StreamingDataset(local=str(tmp_path / "ds"), epoch_size="1k", batch_size=10)
-    assert ds.size == 1000
+    assert ds.epoch_size == 1000 and ds.size == 1500  # Mosaic: size = stored samples, epoch_size = weighted
     assert len([s["i"] for s in ds]) == 1000
