@@ -17,10 +17,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tessera.shards import ShardWriter
 from tessera.shards.errors import DatasetNotFound
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset, streams_registry
+from tessera.stream.indexing import select
 
 N = 100  # samples in the "seq" dataset: value i at global index i
 
@@ -78,6 +81,24 @@ def same_as_numpy(ds: StreamingDataset, index: Any) -> None:
         return
     got = ds[index]
     assert values(got) == (want.tolist() if isinstance(want, np.ndarray) else int(want))
+
+
+ENDS = st.none() | st.integers(-30, 30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 20), ENDS, ENDS, st.none() | st.integers(-5, 5).filter(bool), st.lists(st.integers(-25, 25)))
+def test_select_names_numpys_items_for_any_slice_and_list(size: int, start, stop, step, picks: list[int]) -> None:
+    items = np.arange(size) * 10
+    assert select(slice(start, stop, step), size, lambda i: int(items[i])) == items[start:stop:step].tolist()
+    try:
+        want = items[picks].tolist()
+    except IndexError:
+        with pytest.raises(IndexError, match="out of range"):
+            select(picks, size, lambda i: int(items[i]))
+    else:
+        assert select(picks, size, lambda i: int(items[i])) == want
+        assert select(np.array(picks, dtype=np.int64), size, lambda i: int(items[i])) == want
 
 
 def test_int_indices_from_the_front_and_back_and_out_of_range(seq: StreamingDataset) -> None:
