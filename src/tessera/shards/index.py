@@ -126,9 +126,13 @@ class ShardEntry:
 
     def empty_size(self) -> int:
         """Bytes of this shard's raw data file when it holds no samples: an MDS shard is then its
-        header (count, one offset) and config JSON; a JSON/CSV/TSV data file is empty."""
-        if self.format != "mds":
+        header (count, one offset) and config JSON; a JSON data file is empty, a CSV/TSV/XSV one holds
+        its line of column names (MosaicML writes an empty shard when the first sample passes the limit)."""
+        if self.format == "json":
             return 0
+        if self.format != "mds":
+            separator = self.separator or {"csv": ",", "tsv": "\t"}.get(self.format, ",")
+            return len((separator.join(self.column_names) + (self.newline or "\n")).encode("utf-8"))
         return 8 + len(json.dumps(self.config(), sort_keys=True).encode())
 
     def config(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from tessera.shards.dataset import open_dataset_store, read_index
 from tessera.shards.errors import ShardError, ShardFormatError
 from tessera.shards.fetch import decompress_file
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, InconsistentIndex, ShardEntry
-from tessera.shards.reader import ShardReader
+from tessera.shards.text_reader import open_shard_reader
 from tessera.storage import StorageError, Store, download_from, hash_file
 
 
@@ -71,15 +71,15 @@ def _verify_shard(store: Store, shard: int, entry: ShardEntry, tmp: Path, decode
         except ShardFormatError as exc:
             return [str(exc)]
         local = raw
-    if entry.format != "mds":
-        return []
+    check = sorted(entry.raw_meta.hashes) if entry.raw_meta else ()  # a text shard's meta file, too
     try:
-        reader = ShardReader(local, entry, allow_unsafe_types=allow_unsafe, label=label, shard=shard)
+        reader = open_shard_reader(local, entry, tmp, store, columns=None, allow_unsafe_types=allow_unsafe,
+                                   label=label, shard=shard, check=check)
         if decode:
             for i in range(len(reader)):
                 reader.get(i)
         reader.close()
-    except (ShardFormatError, ShardError, ValueError) as exc:
+    except (ShardFormatError, ShardError, StorageError, ValueError) as exc:
         return [str(exc)]
     return []
 

@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 JOURNAL_INTERVAL = 1.0  # seconds between journal rewrites (a resume redoes at most this much work)
 
 
-def _size_limit(value: int | str | None) -> int | None:
+def size_limit_bytes(value: int | str | None) -> int | None:
+    """The size limit in bytes, None for "one shard" (None or 0, as in MDS); ValueError out of range."""
     limit = parse_size(value) if value else None  # 0 and None both mean "one shard", as in MDS
     if limit is not None and not 0 < limit < 1 << 32:
         raise ValueError(f"size_limit must be between 1 byte and 4 GiB (32-bit offsets), got {value!r}")
@@ -69,7 +70,7 @@ class ShardWriter:
         self._encoder = SampleEncoder(columns, label)
         self._columns = self._encoder.columns
         codec = parse_compression(compression)
-        self.size_limit = _size_limit(size_limit)
+        self.size_limit = size_limit_bytes(size_limit)
         entry = ShardEntry(format="mds", samples=0, raw_data=FileInfo("-", 0), zip_data=None,
                            compression=codec.text if codec else None, hashes=normalize_hashes(hashes),
                            size_limit=self.size_limit, column_names=[c.name for c in self._columns],
@@ -91,6 +92,15 @@ class ShardWriter:
         self._closed = False
         if self.session.mode != "create" or self.session.shards:
             write_journal(self.store, self.session, self.session.shards)  # mark the write as in progress
+
+    def get_config(self) -> dict[str, Any]:
+        """The writer's settings as MosaicML's `MDSWriter.get_config()` returns them (every shard embeds
+        this object as its config JSON): version, format, compression, hashes, size_limit and the
+        column names, encodings and fixed sizes in column order."""
+        entry = self._template.entry
+        return {"version": 2, "format": "mds", "compression": entry.compression, "hashes": list(entry.hashes),
+                "size_limit": entry.size_limit, "column_names": list(entry.column_names),
+                "column_encodings": list(entry.column_encodings), "column_sizes": list(entry.column_sizes)}
 
     @property
     def resumed_samples(self) -> int:
@@ -250,3 +260,29 @@ class ShardWriter:
                 self.finish()
         else:
             self.abort()
+
+
+MOSAIC_WRITER_OPTIONS = ("progress_bar", "max_workers", "retry", "exist_ok")
+
+
+def mosaic_target(out: str | tuple[str, str], options: Mapping[str, Any], mode: str | None) -> tuple[str, str]:
+    """(where to write, mode) from MosaicML's writer arguments: `out` is a folder or URL, or a (local,
+    remote) pair whose remote is written (Tessera uploads directly: no local staging copy);
+    `exist_ok=True` replaces an existing dataset. Unknown options are refused as MosaicML refuses them."""
+    unknown = sorted(set(options) - set(MOSAIC_WRITER_OPTIONS))
+    if unknown:
+        raise ValueError(f"invalid writer argument(s) {unknown}; MosaicML's writers take {list(MOSAIC_WRITER_OPTIONS)}")
+    target = out[1] if isinstance(out, tuple) else out
+    return target, mode or ("overwrite" if options.get("exist_ok") else "create")
+
+
+class MDSWriter(ShardWriter):
+    """`ShardWriter` with MosaicML's `MDSWriter` signature (keyword-only `columns`, `out`, ...), for code
+    switched by changing its import. `mode` is Tessera's (create, append, resume, overwrite)."""
+
+    def __init__(self, *, columns: Mapping[str, str], out: str | tuple[str, str], keep_local: bool = False,
+                 compression: str | None = None, hashes: Iterable[str] | None = None,
+                 size_limit: int | str | None = DEFAULT_SIZE_LIMIT, mode: str | None = None, **options: Any) -> None:
+        target, mode = mosaic_target(out, options, mode)
+        self.keep_local = keep_local
+        super().__init__(target, columns, compression, hashes, size_limit, mode)

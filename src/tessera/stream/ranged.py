@@ -103,7 +103,7 @@ class RangedReads:
         si, sh = self.entries[shard]
         st = self.streams[si]
         entry = st.entries[sh]
-        return (self.enabled and st.remote_store is not None and entry.zip_data is None
+        return (self.enabled and st.remote_store is not None and entry.zip_data is None and entry.format == "mds"
                 and not st.cache.validate_hash and entry.samples > 0)
 
     def _bytes(self, shard: int) -> int:

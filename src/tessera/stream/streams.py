@@ -17,6 +17,7 @@ import xxhash
 from tessera.shards.errors import DatasetNotFound
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
 from tessera.shards.reader import ShardReader
+from tessera.shards.text_reader import open_shard_reader
 from tessera.storage import NotFound, RetryPolicy, Store, open_store, parse_url
 from tessera.storage.local import LocalStore, write_atomic
 from tessera.stream.cache import ShardCache, check_hash_recorded
@@ -97,8 +98,9 @@ class LoadedStream:
         label = (self.remote_store.url_for(entry.raw_data.basename) if self.remote_store
                  else str(self.local_root / entry.raw_data.basename))
         self.cache.verify(entry, path, label)  # validate_hash: on the file's first use in this process
-        return ShardReader(path, entry, columns=columns, allow_unsafe_types=allow_unsafe_types, label=label,
-                           shard=shard)
+        check = (self.cache.validate_hash,) if self.cache.validate_hash else ()  # meta files of text shards
+        return open_shard_reader(path, entry, self.local_root, self.remote_store, columns=columns,  # type: ignore[return-value]
+                                 allow_unsafe_types=allow_unsafe_types, label=label, shard=shard, check=check)
 
 
 def check_unsafe_columns(streams: list[LoadedStream], columns: list[str] | None, allowed: bool) -> None:
@@ -147,10 +149,6 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
         except FileNotFoundError:
             raise DatasetNotFound(f"{label}: no index.json and no remote to fetch it from") from None
     index = DatasetIndex.from_json(raw, label)
-    formats = sorted({e.format for e in index.shards} - {"mds"})
-    if formats:
-        raise ValueError(f"{label}: streaming reads MDS shards; this dataset has {formats} shards "
-                         "(read those with tessera.shards.MDSDataset, or convert them)")
     check_hash_recorded(index.shards, spec.validate_hash or validate_hash, label)
     cache = ShardCache(local_root, remote, cache_limit=cache_limit,
                        validate_hash=spec.validate_hash or validate_hash,
