@@ -9,20 +9,23 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import xxhash
 
 from tessera.shards.errors import DatasetNotFound
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
 from tessera.shards.reader import ShardReader
 from tessera.shards.text_reader import open_shard_reader
-from tessera.storage import NotFound, RetryPolicy, Store, open_store, parse_url
+from tessera.storage import NotFound, RetryPolicy, StorageError, Store, open_store, parse_url
 from tessera.storage.local import LocalStore, write_atomic
 from tessera.stream.cache import ShardCache, check_hash_recorded
 from tessera.stream.forksafe import call_outside_runtime
-from tessera.stream.mixing import StreamShards
+from tessera.stream.mixing import StreamShards, resolved_weights
 
 
 @dataclass
@@ -87,10 +90,25 @@ class LoadedStream:
     remote_store: Store | None
     label: str
     entries: list[ShardEntry] = field(default_factory=list)
+    weights: tuple[float | None, float | None, int | None] = (None, None, None)  # as given: `given_weights`
+    granularity: int = 1  # the dataset's sampling_granularity (mixing.py)
 
     def shards(self) -> StreamShards:
-        return StreamShards([e.samples for e in self.entries], proportion=self.spec.proportion,
-                            repeat=self.spec.repeat, choose=self.spec.choose)
+        proportion, repeat, choose = self.weights
+        return StreamShards([e.samples for e in self.entries], proportion=proportion, repeat=repeat,
+                            choose=choose, granularity=self.granularity)
+
+    def __getattr__(self, name: str) -> Any:
+        """MosaicML's `ds.streams[i]` is the Stream itself: what this object lacks (`remote`, `split`, the
+        resolved `proportion`, a registered Stream subclass's own fields) is read from the Stream."""
+        if name.startswith("__") or name == "spec":  # copy/pickle probe before __dict__ is set
+            raise AttributeError(name)
+        return getattr(self.spec, name)
+
+    @property
+    def local(self) -> str:
+        """The cache folder (without the split), as MosaicML's `Stream.local`."""
+        return self.spec.local or default_local(self.spec.remote)  # type: ignore[arg-type]
 
     def open_reader(self, shard: int, path: Path, columns: list[str] | None,
                     allow_unsafe_types: bool) -> ShardReader:
@@ -101,6 +119,24 @@ class LoadedStream:
         check = (self.cache.validate_hash,) if self.cache.validate_hash else ()  # meta files of text shards
         return open_shard_reader(path, entry, self.local_root, self.remote_store, columns=columns,  # type: ignore[return-value]
                                  allow_unsafe_types=allow_unsafe_types, label=label, shard=shard, check=check)
+
+
+def given_weights(spec: Stream) -> tuple[float | None, float | None, int | None]:
+    """The (proportion, repeat, choose) the user gave. A dataset writes the resolved weights back onto its
+    Streams (`write_back_weights`); the originals are kept so the same Stream can build another dataset."""
+    current = (spec.proportion, spec.repeat, spec.choose)
+    if spec.__dict__.get("_resolved_weights") == current:
+        return spec.__dict__["_given_weights"]
+    return current
+
+
+def write_back_weights(streams: list[LoadedStream], choose: np.ndarray) -> None:
+    """Set the weights a dataset resolved (samples per epoch `choose`) onto its Streams, as MosaicML's
+    `Stream.apply_weights` does: `stream.proportion`, `.repeat` and `.choose` then all hold values."""
+    for st, resolved in zip(streams, resolved_weights([st.shards() for st in streams], choose), strict=True):
+        given = given_weights(st.spec)
+        st.spec.proportion, st.spec.repeat, st.spec.choose = resolved
+        st.spec.__dict__.update(_given_weights=given, _resolved_weights=resolved)
 
 
 def check_unsafe_columns(streams: list[LoadedStream], columns: list[str] | None, allowed: bool) -> None:
@@ -124,6 +160,26 @@ def read_index(remote: Store) -> bytes:
     return call_outside_runtime(lambda: remote.get(INDEX_BASENAME))
 
 
+def fetch_index(remote: Store, local_root: Path, label: str) -> bytes:
+    """index.json fresh from the remote, cached in `local_root`. When the remote has none or cannot be
+    read, an index.json cached by an earlier start is used, with a warning (MosaicML always uses a
+    cached one); cached shards are used only where they match its entries, as always (cache.py)."""
+    cached = local_root / INDEX_BASENAME
+    try:
+        raw = read_index(remote)
+    except StorageError as err:
+        if not cached.is_file():
+            if isinstance(err, NotFound):
+                raise DatasetNotFound(f"{label}: no index.json; is the remote URL right, and was the dataset "
+                                      "written completely?") from None
+            raise
+        warnings.warn(f"{label}: {type(err).__name__}: {err}; using the index.json cached at {cached}",
+                      stacklevel=4)
+        return cached.read_bytes()
+    write_atomic(cached, raw)
+    return raw
+
+
 def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, validate_hash: str | None,
                 keep_zip: bool, cache_limit: int | None, peer_roots: list[Path]) -> LoadedStream:
     """Fetch and validate the stream's index (fresh from the remote on every start) and set up its cache."""
@@ -137,12 +193,7 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
     local_root = local_root_of(spec)
     label = remote.url_for(INDEX_BASENAME) if remote else str(local_root / INDEX_BASENAME)
     if remote is not None:
-        try:
-            raw = read_index(remote)
-        except NotFound:
-            raise DatasetNotFound(f"{label}: no index.json; is the remote URL right, and was the dataset "
-                                  "written completely?") from None
-        write_atomic(local_root / INDEX_BASENAME, raw)
+        raw = fetch_index(remote, local_root, label)
     else:
         try:
             raw = (local_root / INDEX_BASENAME).read_bytes()
@@ -155,4 +206,4 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
                        keep_zip=spec.keep_zip if spec.keep_zip is not None else keep_zip,
                        peer_roots=peer_roots)
     return LoadedStream(spec, index, xxhash.xxh64(raw).hexdigest(), cache, local_root, remote, label,
-                        list(index.shards))
+                        list(index.shards), given_weights(spec))
