@@ -16,7 +16,8 @@ from tessera.cli.console import err, fail, out
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
 from tessera.shards.dataset import open_dataset_store, read_index
-from tessera.shards.repair import Interrupted, InterruptedWrite
+from tessera.shards.merge import merge_parts
+from tessera.shards.interrupted import Interrupted, InterruptedWrite
 from tessera.shards.session import JOURNAL_BASENAME
 from tessera.shards.sources import FORMATS, SourceError, parse_columns
 from tessera.shards.verify import verify_dataset
@@ -140,8 +141,8 @@ def verify(url: str, split: str = typer.Option(None), quick: bool = typer.Option
         task = bar.add_task("verifying shards", total=None)
         report = verify_dataset(url, split, decode=not quick, allow_unsafe_types=allow_unsafe_types,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
-    for problem in report.problems:
-        err.print(f"[red]problem:[/red] {problem}")
+    for problem in report.problems:  # one line each (no wrapping), brackets kept (no markup)
+        err.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)
     if not report.ok:
         err.print(f"{len(report.problems)} problem(s) in {report.url}")
         raise typer.Exit(1)
@@ -176,14 +177,28 @@ def repair(url: str, split: str = typer.Option(None), overwrite: bool = typer.Op
                   f"{url} --mode resume` can still finish it and replace this index")
 
 
+@app.command("merge-index")
+def merge_index(out_url: str = typer.Argument(..., metavar="OUT", help="Folder or bucket URL for the merged index.json."),
+                parts: list[str] = typer.Argument(None, metavar="PARTS", help="Part folders (or their index.json); "
+                                                  "default: every folder below OUT holding an index.json.")) -> None:
+    """Merge the index.json of dataset parts (written in parallel) into OUT/index.json, as MosaicML's merge_index."""
+    try:
+        index = merge_parts(parts or None, out_url)
+    except ERRORS as exc:
+        fail(exc)
+    err.print(f"merged {len(index.shards):,} shards ({index.num_samples:,} samples) into "
+              f"{escape(out_url.rstrip('/'))}/index.json", soft_wrap=True)
+
+
 def _interrupted(url: str, found: Interrupted) -> None:
     """What an interrupted write left, what is complete, and what to run (stderr, several lines)."""
     what = "finished but its commit was interrupted" if found.state == "committing" else "was interrupted"
     err.print(f"[red]error:[/red] {escape(url)}: a write {what} ({JOURNAL_BASENAME} is present); "
-              "nothing was committed")
+              "nothing was committed", soft_wrap=True)
     last = f", the last {escape(found.last)}" if found.last else ""
     err.print(f"  complete: {found.shards} shards confirmed, {found.samples:,} samples{last}; "
-              f"{found.files} shard files stored")
+              f"{found.files} shard files stored", soft_wrap=True)
     err.print(f"  to finish: tessera data convert INPUT {escape(url)} --mode resume (same options; keeps the "
-              "confirmed shards)")
-    err.print("  or: tessera data repair --allow-partial to commit the shards present as a partial dataset")
+              "confirmed shards)", soft_wrap=True)
+    err.print(f"  or: tessera data repair {escape(url)} --allow-partial to commit the complete prefix as a "
+              "partial dataset", soft_wrap=True)

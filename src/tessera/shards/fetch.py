@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import mmap
 import os
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from tessera.shards.compression import CHUNK, Compression, InflateLimitError, parse_compression
-from tessera.shards.errors import CorruptShard, HashMismatch, MissingShard, ShardFormatError, TruncatedShard
+from tessera.shards.errors import CorruptShard, HashMismatch, MissingShard, TruncatedShard
 from tessera.shards.hashing import Digests
 from tessera.shards.index import FileInfo, ShardEntry, shard_key
 from tessera.shards.reader import verify_digests
@@ -125,10 +125,10 @@ def _inflate_into(src: BinaryIO, codec: Compression | None, raw: FileInfo, dest:
     digests = Digests(check)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path_for(dest)
+    pieces = codec.inflate(src, raw.bytes) if codec else iter(lambda: src.read(CHUNK), b"")
     try:
         with open(tmp, "wb") as out:
-            pieces = codec.inflate(src, raw.bytes) if codec else iter(lambda: src.read(CHUNK), b"")
-            for piece in pieces:
+            while (piece := _next_piece(pieces, codec, raw, label, shard)) is not None:
                 digests.update(piece)
                 out.write(piece)
             seen = out.tell()
@@ -139,18 +139,26 @@ def _inflate_into(src: BinaryIO, codec: Compression | None, raw: FileInfo, dest:
                 raise HashMismatch(label, f"decompressed {algo} digest is {got} but index.json records "
                                    f"{raw.hashes[algo]}", shard)
         os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _next_piece(pieces: Iterator[bytes], codec: Compression | None, raw: FileInfo, label: str,
+                shard: int | None) -> bytes | None:
+    """The next decompressed piece (None at the end); a codec failure is a CorruptShard naming the shard.
+
+    Kept apart from the writes: codec libraries raise OSError too (gzip, bz2), which must not pass for
+    a disk error."""
+    try:
+        return next(pieces, None)
     except InflateLimitError as err:
         raise CorruptShard(label, f"decompresses to more than the {raw.bytes} bytes index.json records for "
                            f"{raw.basename} (stopped at {err.seen}): a corrupt shard or a decompression bomb",
                            shard) from None
-    except (ShardFormatError, OSError):
-        raise
     except Exception as err:  # every codec library has its own error type (some with no message)
         reason = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
         raise CorruptShard(label, f"cannot decompress as {codec.text if codec else None}: {reason}",
                            shard) from None
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _has_size(path: Path, size: int) -> bool:

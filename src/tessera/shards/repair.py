@@ -7,10 +7,9 @@ the raw size and digests). Each shard is fully validated on the way; bad ones ar
 with `skip_bad=True`, left out and reported.
 
 A dataset whose write was interrupted (a `convert` killed mid-way) also has no index.json, but its shard
-files are only a prefix of the data: rebuilding an index from them would commit a partial dataset that
-looks complete. The writer's journal (`index.partial.json`, see session.py) says a write was in flight,
-so repair refuses (`InterruptedWrite`, listing what is complete and how to resume) unless the caller
-asks for a partial index with `allow_partial=True`.
+files are only part of the data: rebuilding an index from them would commit a partial dataset that looks
+complete. Repair refuses it (`InterruptedWrite`, see interrupted.py) unless the caller asks for a partial
+index with `allow_partial=True`, and then commits only the write's complete prefix.
 """
 
 from __future__ import annotations
@@ -22,12 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tessera.shards.compression import FAMILIES, parse_compression
-from tessera.shards.errors import DatasetExists, ShardError, ShardFormatError
+from tessera.shards.errors import DatasetExists, ShardFormatError
 from tessera.shards.hashing import digest_parts
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, ShardEntry
+from tessera.shards.interrupted import Interrupted, InterruptedWrite, interrupted_write
 from tessera.shards.reader import ShardReader, parse_config
-from tessera.shards.session import JOURNAL_BASENAME, JOURNAL_KEY
-from tessera.storage import NotFound, Store
+from tessera.storage import Store
 from tessera.storage.local import write_atomic as atomic_write
 
 _FORMATS = ("mds", "json", "csv", "tsv", "xsv")
@@ -36,33 +35,6 @@ _SHARD_FILE = re.compile(
     r"(?P<meta>\.meta)?(?:\.(?P<family>" + "|".join(FAMILIES) + r"))?$"
 )
 MAX_SHARD_BYTES = 1 << 32  # sample offsets are u32: no shard file is larger, whatever it inflates to
-
-
-@dataclass(frozen=True)
-class Interrupted:
-    """What the journal of an interrupted write says is complete: the shards it confirmed (a resume keeps
-    them) and how many shard files the store holds (some may have been stored after the last journal)."""
-
-    state: str
-    shards: int
-    samples: int
-    last: str | None
-    files: int
-
-
-class InterruptedWrite(ShardError, RuntimeError):
-    """The dataset's write was interrupted: an index rebuilt from its shard files would be partial."""
-
-    def __init__(self, url: str, found: Interrupted) -> None:
-        self.url = url
-        self.found = found
-        finished = "had finished and was committing" if found.state == "committing" else "was interrupted"
-        super().__init__(
-            f"{url}: a write {finished} ({JOURNAL_BASENAME} is present): it confirmed {found.shards} shards "
-            f"with {found.samples:,} samples{f' (up to {found.last})' if found.last else ''}, and "
-            f"{found.files} shard files are stored; finish it with the same `tessera data convert INPUT "
-            f"{url} --mode resume` (it keeps the confirmed shards), or pass allow_partial "
-            "(--allow-partial) to commit an index of the shards present as a partial dataset")
 
 
 @dataclass
@@ -162,20 +134,6 @@ def _rebuild_entry(store: Store, raw_name: str, files: _Files, scratch: Path) ->
     return ShardEntry.from_json(obj, label)
 
 
-def interrupted_write(store: Store) -> Interrupted | None:
-    """What an interrupted write left (from its journal), or None when no write was in flight."""
-    try:
-        text = store.get(JOURNAL_BASENAME)
-    except NotFound:
-        return None
-    journal = DatasetIndex.from_json(text, store.url_for(JOURNAL_BASENAME), strict=False)
-    meta = journal.extensions.get(JOURNAL_KEY)
-    state = meta.get("state") if isinstance(meta, dict) else None
-    last = journal.shards[-1].raw_data.basename if journal.shards else None
-    return Interrupted(str(state or "unknown"), len(journal.shards), journal.num_samples, last,
-                       len(_group(store)))
-
-
 def repair_index(url: str | Path | Store, split: str | None = None, *, overwrite: bool = False,
                  skip_bad: bool = False, dry_run: bool = False, allow_partial: bool = False) -> RepairReport:
     """Rebuild index.json of the dataset at `url` from its shard files and commit it (atomically).
@@ -184,20 +142,27 @@ def repair_index(url: str | Path | Store, split: str | None = None, *, overwrite
         overwrite: replace an existing index.json (otherwise DatasetExists).
         skip_bad: leave out shards that fail validation (listed in the report) instead of raising.
         dry_run: compute the index without writing it.
-        allow_partial: rebuild even though a write was interrupted (otherwise InterruptedWrite); the
-            journal is kept, so `mode="resume"` can still finish the write and replace the partial index.
+        allow_partial: rebuild even though a write was interrupted (otherwise InterruptedWrite), from
+            the write's complete prefix only (the rest is listed as skipped); the journal is kept, so
+            `mode="resume"` can still finish the write and replace the partial index.
     """
     from tessera.shards.dataset import open_dataset_store
 
     store = open_dataset_store(url, split)
-    interrupted = interrupted_write(store)
+    groups = _group(store)
+    interrupted = interrupted_write(store, [name for name, _ in groups])
     if interrupted is not None and not allow_partial:
         raise InterruptedWrite(store.url, interrupted)
     if not overwrite and not dry_run and store.exists(INDEX_BASENAME):
         raise DatasetExists(f"{store.url_for(INDEX_BASENAME)} exists; pass overwrite=True to rebuild it anyway")
     report = RepairReport(DatasetIndex(), interrupted=interrupted)
+    if interrupted is not None:
+        keep, left = interrupted.complete_prefix([name for name, _ in groups])
+        kept = set(keep)
+        groups = [(name, files) for name, files in groups if name in kept]
+        report.skipped += [(store.url_for(name), why) for name, why in left]
     with tempfile.TemporaryDirectory(prefix="tessera-repair-") as scratch:
-        for raw_name, files in _group(store):
+        for raw_name, files in groups:
             try:
                 report.index.shards.append(_rebuild_entry(store, raw_name, files, Path(scratch)))
             except ShardFormatError as err:
