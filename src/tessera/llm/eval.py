@@ -44,17 +44,21 @@ class PerplexityResult:
 
 
 def mds_batches(url: str | os.PathLike[str], split: str | None = "val", batch_size: int = 8,
-                max_batches: int | None = None) -> Iterator[dict[str, np.ndarray]]:
-    """{"tokens": [B, L]} batches of an MDS split, in order (the last batch may be smaller)."""
+                max_batches: int | None = None) -> Iterator[dict[str, Any]]:
+    """{"tokens": [B, L]} batches of an MDS split, in order (the last batch may be smaller); LLM Foundry's
+    token columns (ndarray:int32, bytes of int64) come as int64 tensors (llm/tokens.py)."""
+    from tessera.llm.tokens import token_collate, tokens_encoding
     from tessera.shards import MDSDataset
 
     with MDSDataset(url, split=split, columns=["tokens"]) as ds:
         if len(ds) == 0:
             raise ValueError(f"{ds.store.url}: the split has no samples; prep more text or raise --val-fraction")
+        collate = token_collate([(ds.store.url, tokens_encoding(ds.index.shards))], None)
         for n, start in enumerate(range(0, len(ds), batch_size)):
             if max_batches is not None and n >= max_batches:
                 return
-            yield ds.get_batch(slice(start, min(start + batch_size, len(ds))))
+            batch = ds.get_batch(slice(start, min(start + batch_size, len(ds))))
+            yield collate(batch) if collate else batch
 
 
 @torch.no_grad()

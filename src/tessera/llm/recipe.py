@@ -45,6 +45,8 @@ class LoaderSpec(Strict):
     shuffle_block_size: int | None = None
     cache_limit: str | None = None
     num_workers: int = 0
+    # How LLM Foundry's older `bytes` token columns decode (its own option's name and default; llm/tokens.py)
+    token_encoding_type: Literal["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"] = "int64"
 
 
 class EvalSpec(LoaderSpec):

@@ -15,6 +15,7 @@ import torch
 from tessera.llm.model import GPT
 from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
 from tessera.llm.tokenizer import load_tokenizer
+from tessera.llm.tokens import token_collate, tokens_encoding
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
 from tessera.train.distributed import current_env
@@ -33,11 +34,11 @@ def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int) -> StreamingDa
                           shuffle=spec.shuffle, shuffle_seed=spec.shuffle_seed,
                           num_canonical_nodes=spec.num_canonical_nodes, shuffle_block_size=spec.shuffle_block_size,
                           cache_limit=spec.cache_limit, columns=["tokens"])
-    width = ds.streams[0].entries[0].column_encodings if ds.streams[0].entries else []
-    if width and not str(width[0]).endswith(f":{seq_len}"):
-        raise RecipeError(f"data: the shards hold {width[0]} windows but model.max_seq_len is {seq_len}; "
-                          "prepare the data with --seq-len equal to the model's max_seq_len")
-    return StreamingDataLoader(ds, batch_size=batch_size, batch_path=True, num_workers=spec.num_workers)
+    # Tessera's fixed windows stack as they are; LLM Foundry's ndarray:int32 / bytes tokens need a collate.
+    collate = token_collate([(st.label, tokens_encoding(st.entries)) for st in ds.streams if st.entries], seq_len,
+                            spec.token_encoding_type)
+    return StreamingDataLoader(ds, batch_size=batch_size, batch_path=True, num_workers=spec.num_workers,
+                               collate_fn=collate)
 
 
 def build_model(recipe: Recipe, vocab_size: int) -> GPT:
