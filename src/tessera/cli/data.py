@@ -16,8 +16,8 @@ from tessera.cli.console import err, fail, out
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
 from tessera.shards.dataset import open_dataset_store, read_index
-from tessera.shards.merge import merge_parts
 from tessera.shards.interrupted import Interrupted, InterruptedWrite
+from tessera.shards.merge import merge_parts
 from tessera.shards.session import JOURNAL_BASENAME
 from tessera.shards.sources import FORMATS, SourceError, parse_columns
 from tessera.shards.verify import verify_dataset

@@ -6,6 +6,8 @@ Byte-compatible with MosaicML Streaming's MDS format both ways (see MDS.md). Mai
 - `MDSDataset(url, ...)`: random access over a local or remote dataset (`len`, `ds[i]`, `get_batch`).
 - `ShardReader(path, entry)`: one shard file, memory-mapped.
 - `repair_index(url)`: rebuild a lost index.json from the shard files.
+- `merge_index(out)`: one index.json over parts written in parallel (MosaicML's merge_index).
+- `MDSWriter`, `JSONWriter`, `CSVWriter`, `TSVWriter`, `XSVWriter`: MosaicML's writers' signatures and bytes.
 """
 
 from tessera.shards.compression import Compression, parse_compression, valid_compressions
@@ -20,12 +22,15 @@ from tessera.shards.encodings import (
     is_safe,
 )
 from tessera.shards.errors import (
+    ColumnMismatch,
     CorruptShard,
     DatasetExists,
     DatasetNotFound,
     EncodeError,
+    EncodeTypeError,
     HashMismatch,
     IndexFormatError,
+    MissingShard,
     PathTraversal,
     ShardError,
     ShardFormatError,
@@ -36,13 +41,17 @@ from tessera.shards.errors import (
 )
 from tessera.shards.hashing import HASH_ALGORITHMS, hash_hex, is_hash
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, ShardEntry
+from tessera.shards.merge import merge_index
 from tessera.shards.reader import ShardReader
 from tessera.shards.repair import repair_index
-from tessera.shards.sizes import parse_size
+from tessera.shards.sizes import parse_count, parse_size
 from tessera.shards.text_reader import TextShardReader
-from tessera.shards.writer import ShardWriter
+from tessera.shards.text_writer import CSVWriter, JSONWriter, TSVWriter, XSVWriter
+from tessera.shards.writer import MDSWriter, ShardWriter
 
 __all__ = [
+    "CSVWriter", "ColumnMismatch", "EncodeTypeError", "JSONWriter", "MDSWriter", "MissingShard", "TSVWriter",
+    "XSVWriter", "merge_index", "parse_count",
     "ENCODING_NAMES", "HASH_ALGORITHMS", "INDEX_BASENAME", "Compression", "CorruptShard", "DatasetExists",
     "DatasetIndex", "DatasetNotFound", "EncodeError", "Encoding", "FileInfo", "FixedEncoding", "HashMismatch",
     "IndexFormatError", "MDSDataset", "PathTraversal", "ShardEntry", "ShardError", "ShardFormatError",
