@@ -7,7 +7,8 @@ a few are fresh interpreters (determinism, resume). Samples carry their id and a
 so every process also proves it read the right bytes.
 
 The reference for "global batch t" is the documented sequence S of the epoch plan:
-global batch t = S[(t*G + j) % len(S)] for j < G, the last batch wrapping around to the start of S.
+global batch t = S[t*G + j] for j < G; the last, when short, holds the rest of S padded with the start of
+S only up to a multiple of the world size W (as MosaicML Streaming pads; nothing in one process).
 """
 
 from __future__ import annotations
@@ -186,9 +187,10 @@ def reference(data: dict):
     return get
 
 
-def ref_global_batches(s: np.ndarray, start: int = 0) -> list[Counter]:
+def ref_global_batches(s: np.ndarray, start: int = 0, world: int = 1) -> list[Counter]:
     n = len(s)
-    return [Counter(s[(t * G + np.arange(G)) % n].tolist()) for t in range(start // G, math.ceil(n / G))]
+    sizes = [min(G, -(-(n - t * G) // world) * world) for t in range(math.ceil(n / G))]
+    return [Counter(s[(t * G + np.arange(sizes[t])) % n].tolist()) for t in range(start // G, len(sizes))]
 
 
 def full_epochs(runs: dict, config: str) -> list[tuple[str, str, list[dict]]]:
@@ -221,8 +223,8 @@ def test_same_settings_give_the_same_per_rank_sequences_in_separate_processes(ru
 def test_every_layout_serves_the_same_global_batches(runs: dict, reference, data) -> None:
     seen: dict[str, set] = {}
     for config in configs(data):
-        want = ref_global_batches(reference(config))
         for layout, label, ranks in full_epochs(runs, config):
+            want = ref_global_batches(reference(config), world=len(ranks))
             got = global_batches(rank_batches(ranks))
             assert len(got) == len(want), (layout, label)
             for t, (g, w) in enumerate(zip(got, want, strict=True)):
@@ -236,37 +238,38 @@ def test_every_layout_serves_the_same_global_batches(runs: dict, reference, data
 
 def test_world_1_reads_the_plan_sequence_in_order(runs: dict, reference) -> None:
     s = reference("main")
-    wrap = math.ceil(len(s) / G) * G - len(s)
-    assert flatten(runs[("L1", "main/w0")][0]["epochs"][0]) == s.tolist() + s[:wrap].tolist()
+    assert flatten(runs[("L1", "main/w0")][0]["epochs"][0]) == s.tolist()  # no wrap-around in one process
 
 
-def test_every_rank_reads_equal_full_batches(runs: dict, reference) -> None:
+def test_every_rank_reads_equal_batches_the_last_partial(runs: dict, reference) -> None:
     for (layout, label), ranks in runs.items():
         if "/w" not in label:
             continue
         config = ranks[0]["config"]
-        n_batches = math.ceil(len(reference(config)) / G)
-        per_rank = G // len(ranks)
+        n = len(reference(config))
+        n_batches, per_rank = math.ceil(n / G), G // len(ranks)
+        last = -(-(n - (n_batches - 1) * G) // len(ranks))
         for r in ranks:
-            assert [len(b) for b in r["epochs"][0]] == [per_rank] * n_batches, (layout, label)
-            assert r["len"] == n_batches * per_rank  # len(ds): samples per rank per epoch
+            assert [len(b) for b in r["epochs"][0]] == [per_rank] * (n_batches - 1) + [last], (layout, label)
+            assert r["len"] == (n_batches - 1) * per_rank + last  # len(ds): samples per rank per epoch
             assert r["bad"] == 0, (layout, label)  # every payload matched its id
 
 
 # --- 3. exactly once ----------------------------------------------------------------------------------------
 
-def documented_extras(s: np.ndarray, lanes: int, T: int) -> Counter:
+def documented_extras(s: np.ndarray, lanes: int, T: int, world: int = 1) -> Counter:
     """The repeats the dataset docstring and plan document, from the sequence S (len(S) = T + padding).
 
     Lanes are cut at l*T//L and all padded to M = ceil(T/L): a short lane l repeats its first sample
-    S[l] at its last position S[(M-1)*L + l]. The last global batch then wraps around to S[0:wrap].
+    S[l] at its last position S[(M-1)*L + l]. The last global batch is then padded with S[0:wrap] up to
+    a multiple of the world size.
     """
     m = -(-T // lanes)
     lane_size = np.diff(np.arange(lanes + 1) * T // lanes)
     short = np.flatnonzero(lane_size < m)
     assert len(s) == T + len(short) == lanes * m
     np.testing.assert_array_equal(s[(m - 1) * lanes + short], s[short])
-    wrap = math.ceil(len(s) / G) * G - len(s)
+    wrap = math.ceil(len(s) / world) * world - len(s)
     return Counter(s[short].tolist()) + Counter(s[:wrap].tolist())
 
 
@@ -290,22 +293,22 @@ def check_weighted(config: str, counts: Counter) -> None:
 def test_each_weighted_sample_once_per_epoch_plus_counted_padding(runs: dict, reference, data) -> None:
     for config, spec in configs(data).items():
         s = reference(config)
-        extras = documented_extras(s, spec["kw"]["num_canonical_nodes"], spec["T"])
         for layout, label, ranks in full_epochs(runs, config):
+            extras = documented_extras(s, spec["kw"]["num_canonical_nodes"], spec["T"], len(ranks))
             served = Counter(flatten(flatten(rank_batches(ranks))))
             assert sum(served.values()) == spec["T"] + sum(extras.values()), (layout, label)
             assert not extras - served
             check_weighted(config, served - extras)
-    # The padding is really there: 3 padded lanes and a wrap of 6 (main), nothing hidden.
-    main = documented_extras(reference("main"), 6, N_A)
-    assert sum(main.values()) == 3 + 6
+    # The padding is really there: 3 padded lanes (main: len(S) = 498), and on 4 ranks a wrap of 2 (to 500).
+    assert sum(documented_extras(reference("main"), 6, N_A).values()) == 3
+    assert sum(documented_extras(reference("main"), 6, N_A, 4).values()) == 3 + 2
 
 
 # --- 4. resume --------------------------------------------------------------------------------------------
 
 def check_resumed(before: list[dict], after: list[dict], k: int, s: np.ndarray) -> None:
     """Global batches before the state (k of them) and after it, on other layouts, make up the epoch."""
-    want = ref_global_batches(s)
+    want = ref_global_batches(s, world=len(after))
     got = global_batches(rank_batches(before))
     assert len(got) == k and got == want[:k]
     resumed = global_batches(rank_batches(after))
@@ -343,12 +346,12 @@ def test_finished_epoch_resumes_into_a_different_complete_next_epoch(runs: dict,
     # The state after a finished epoch points at the start of the next one ...
     assert [(st["epoch"], st["samples_consumed"]) for st in two["end_states"]] == [(1, 0), (2, 0)]
     # ... and a fresh world-2 process resuming it reads exactly that next epoch.
-    assert global_batches(rank_batches(runs[("DET", "next_epoch")])) == ref_global_batches(s1)
+    assert global_batches(rank_batches(runs[("DET", "next_epoch")])) == ref_global_batches(s1, world=2)
     # A state taken right after the last batch (inside the loop) also resumes into the next epoch.
     after_last = runs[("L1", "after_last")][0]
     assert len(after_last["epochs"][0]) == N_BATCHES
     assert after_last["state"]["epoch"] == 0 and after_last["state"]["samples_consumed"] == len(s0)
-    assert global_batches(rank_batches(runs[("R4", "after_last_resumed")])) == ref_global_batches(s1)
+    assert global_batches(rank_batches(runs[("R4", "after_last_resumed")])) == ref_global_batches(s1, world=4)
 
 
 # --- 9. batch path -----------------------------------------------------------------------------------------

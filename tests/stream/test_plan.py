@@ -226,12 +226,18 @@ def check_layouts(plan, global_batch: int, start: int) -> None:
                 for (_, a), (_, b) in zip(got, expect, strict=True):
                     np.testing.assert_array_equal(a, b)
             assert total == sched.rank_num_samples(rank, world, per_node)
+            full = sched.num_batches - (len(sched.global_batch(sched.num_batches - 1)) < global_batch if
+                                        sched.num_batches else 0)
             if nodes > 1 and plan.num_lanes % nodes == 0:
-                for t in range(sched.num_batches):  # lane locality: node p reads lanes l % P == p
+                for t in range(full):  # lane locality (full batches): node p reads lanes l % P == p
                     pos = sched.positions_for(t, rank, world, per_node)
                     assert np.all(pos % plan.num_lanes % nodes == rank // per_node)
         for t, parts in served.items():
-            np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.sort(sched.global_batch(t)))
+            # A short last batch is padded with the start of S up to a multiple of the world size only.
+            lo, rest = start + t * global_batch, len(sched.global_batch(t))
+            want = s[(lo + np.arange(-(-rest // world) * world)) % len(s)]
+            np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.sort(want))
+            assert len({p.size for p in parts}) == 1  # every rank reads as many samples
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -261,7 +267,9 @@ def test_node_counts_that_do_not_divide_lanes():
     for world, per_node in [(8, 1), (6, 3), (6, 1), (12, 2)]:  # nodes 8, 2, 6, 6 against 3 lanes
         for t in range(sched.num_batches):
             parts = [sched.positions_for(t, r, world, per_node) for r in range(world)]
-            np.testing.assert_array_equal(np.sort(np.concatenate(parts)), sched.global_positions(t))
+            want = sched.global_positions(t)  # the short last batch: padded with S[0:] to a multiple of W
+            want = np.concatenate([want, np.arange(-len(want) % world)])
+            np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.sort(want))
 
 
 @FAST
@@ -279,7 +287,9 @@ def test_resume_on_another_layout_continues_exactly(plan, data):
     after = []
     for t in range(sched.num_batches):
         after += [sched.samples_for(t, r, world) for r in range(world)]
-    np.testing.assert_array_equal(np.sort(np.concatenate([before, *after])), np.sort(s))
+    rest = len(s) - state.samples_consumed - (sched.num_batches - 1) * g2 if sched.num_batches else 0
+    pad = s[np.arange(-rest % world) % len(s)]  # the last batch, padded with the start of S to a multiple of W
+    np.testing.assert_array_equal(np.sort(np.concatenate([before, *after])), np.sort(np.concatenate([s, pad])))
     np.testing.assert_array_equal(np.concatenate([before, *[sched.global_batch(t) for t in range(sched.num_batches)]]), s)
 
 

@@ -195,12 +195,12 @@ class StreamSchedule:
             ids = self._rank_batches(ts, layout.rank, layout.world_size, layout.ranks_per_node)
             yield from zip((ts - self.first_batch).tolist(), ids, strict=True)
 
-    def shard_order(self, layout: DeviceLayout, skip_samples: int = 0) -> Iterator[ShardNeed]:
+    def shard_order(self, layout: DeviceLayout, skip_samples: int = 0, renew: int = 0) -> Iterator[ShardNeed]:
         """Each shard this worker will still need, in order of first need (as `BatchSchedule.shard_order`)."""
         self.check_layout(layout)
         chunks = (self._rank_batches(ts, layout.rank, layout.world_size, layout.ranks_per_node, True).reshape(-1)
                   for ts in self._worker_ts(layout))
-        return first_needs(chunks, self.plans.run.units.shard_sizes.size, skip_samples)
+        return first_needs(chunks, self.plans.run.units.shard_sizes.size, skip_samples, renew=renew)
 
     def _lookup(self, si: int, pos: np.ndarray, shards: bool) -> np.ndarray:
         plan = self.epoch_plans[si]

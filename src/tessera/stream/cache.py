@@ -400,9 +400,12 @@ class ShardCache:
                 with contextlib.suppress(FileNotFoundError):
                     used += p.stat().st_size
             rank = rank_of or (lambda _path: math.inf)
+            # A prefetch evicts only shards needed later than the one it fetches (else it would push out
+            # what the reader needs first, to be downloaded again); a reader's own fetch any unpinned one.
+            own = rank(self.root / reserve) if optional and reserve is not None else -math.inf
             # Highest rank = needed furthest in the future (inf: not needed again this epoch): evict first.
             for root, path in sorted(files, key=lambda rp: rank(rp[1]), reverse=True):
-                if used + need <= self.cache_limit:
+                if used + need <= self.cache_limit or rank(path) <= own:
                     break
                 used -= self._try_evict(root, path)
             if used + need > self.cache_limit and optional:

@@ -41,7 +41,7 @@ from tessera.stream.prefetch import NoPrefetch, Prefetcher
 from tessera.stream.ranged import RangedReads
 from tessera.stream.registry import build_stream
 from tessera.stream.row_addresses import RowAddresses
-from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes, rank_positions
+from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes
 from tessera.stream.slots import Layout, SlotRing
 from tessera.stream.state import StageTimes, check_resume_state, make_state
 from tessera.stream.streams import (
@@ -60,6 +60,13 @@ from tessera.stream.world import World
 # cache_limit a reader keeps at most cache_limit // largest shard - 1 open (pinned shards cannot be
 # evicted), leaving room for the next download.
 OPEN_READERS = 256
+
+
+def default_lanes(shuffle_algo: str, num_nodes: int, num_samples: int) -> int:
+    """MosaicML's default `num_canonical_nodes`: 64 per node for py1s/py2s, else one per node (so one
+    process reads an unshuffled dataset in index order); never more lanes than samples."""
+    per_node = 64 if shuffle_algo in ("py1s", "py2s") else 1
+    return max(1, min(per_node * num_nodes, num_samples))
 
 
 class StreamingDataset(MosaicDatasetAPI, IterableDataset):
@@ -120,8 +127,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self._ranged = RangedReads(self.streams, self._entries, ranged_reads, self.columns, allow_unsafe_types)
         sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
         self._shard_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        # MosaicML's default (64 lanes per node), but never more lanes than samples.
-        lanes = num_canonical_nodes or max(1, min(64 * world.num_nodes, self.num_samples))
+        lanes = num_canonical_nodes or default_lanes(shuffle_algo, world.num_nodes, self.num_samples)
         self._config = PlanConfig(seed=shuffle_seed, num_lanes=lanes, shuffle=shuffle, shuffle_algo=shuffle_algo,
                                   shuffle_block_size=shuffle_block_size,
                                   epoch_size=parse_count(epoch_size) if epoch_size is not None else None,
@@ -172,7 +178,9 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         world = World.from_env()
         G = self.global_batch_size(world)
         n = self._epoch_samples(self._epoch, G)
-        return math.ceil(n / G) * self.batch_size
+        if self.batching_method != "random":  # the other methods fill every batch (batching.py)
+            return math.ceil(n / G) * self.batch_size
+        return math.ceil(n / (G // self.batch_size))  # the last batch is padded only to a multiple of ranks
 
     def _batched(self, epoch: int, G: int, start: int = 0) -> StreamSchedule:
         """The schedule of a batching_method other than "random" (see batching.py)."""
@@ -311,27 +319,35 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
 
     def _batches(self, sched: BatchSchedule | StreamSchedule,
                  layout: DeviceLayout) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(shard ids, in-shard indices) of each rank batch this reader serves; the last global batch wraps
-        around. Computed a chunk of batches at a time (numpy calls per batch cost more than the math)."""
+        """(shard ids, in-shard indices) of each rank batch this reader serves; the last one may be partial
+        (`BatchSchedule.rank_batch_positions`). Computed a chunk of batches at a time (numpy calls per batch
+        cost more than the math)."""
         if isinstance(sched, StreamSchedule):
             yield from (self._locate(ids) for _, ids in sched.worker_batches(layout))
             return
-        n, G = len(sched.plan), sched.global_batch_size
+        G = sched.global_batch_size
         ts_all = sched.worker_batch_indices(layout)
         most, i, step = max(1, 16384 // max(1, G // layout.world_size)), 0, 1
         while i < len(ts_all):  # chunks of 1, 2, 4, ... batches: the first batch waits for one batch's plan
             ts = np.asarray(ts_all[i:i + step], dtype=np.int64)
             i, step = i + len(ts), min(2 * step, most)
-            pos = rank_positions(sched.start + ts * G, G, sched.plan.num_lanes, layout.rank, layout.world_size,
-                                 layout.ranks_per_node)
-            shards, local = self._locate(sched.plan.samples_at((pos % n).reshape(-1)))
-            yield from zip(shards.reshape(pos.shape), local.reshape(pos.shape), strict=True)
+            pos = sched.rank_batch_positions(ts, layout)
+            short = pos[-1] < 0  # only the epoch's last batch can be partial
+            shards, local = self._locate(sched.plan.samples_at(np.where(pos < 0, 0, pos).reshape(-1)))
+            shards, local = shards.reshape(pos.shape), local.reshape(pos.shape)
+            yield from zip(shards[:-1], local[:-1], strict=True)
+            if not short.all():
+                yield shards[-1][~short], local[-1][~short]
 
     def _prefetcher(self, sched: BatchSchedule | StreamSchedule, layout: DeviceLayout) -> Prefetcher:
         if all(st.remote_store is None for st in self.streams):  # local-only: nothing to fetch (prefetch.py)
             return NoPrefetch()
         window = self.predownload if self.predownload is not None else max(8 * self.batch_size, 512)
-        return Prefetcher(sched.shard_order(layout), self._prefetch, self._path, window, warm_up=self._warm_up)
+        # Under a cache limit eviction needs each shard's next need (needs renewed every batch) and
+        # prefetches go in need order (see Prefetcher).
+        limited = self.cache_limit is not None
+        return Prefetcher(sched.shard_order(layout, renew=self.batch_size if limited else 0), self._prefetch,
+                          self._path, window, warm_up=self._warm_up, in_order=limited)
 
     def _warm_up(self) -> None:
         """Column decoders (image ones import PIL, ~0.15 s) set up while the first shards download."""
@@ -392,8 +408,12 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
             slots.append(gather_to_slot(ring, worker, read, shards, local, self._rows))  # opens the shards it reads
             for shard in () if slots[-1] else dict.fromkeys(shards.tolist()):  # (cheaper than np.unique)
                 read(shard)  # present, pinned and open before anyone is told
-            if not slots[-1] and self._ranged.sparse and self._ranged.sparse.keys() & set(shards.tolist()):
-                data[len(pending)] = gather(read, shards, local, addresses=self._rows)  # not cached: ranged reads
+            if not slots[-1] and (self.cache_limit is not None or self._ranged.sparse
+                                  and self._ranged.sparse.keys() & set(shards.tolist())):
+                # Sent as data: its rows came by ranged reads (not in the cache), or under a cache limit,
+                # where the shard may be evicted before the training process reads it (which would then
+                # download it again, itself).
+                data[len(pending)] = gather(read, shards, local, addresses=self._rows)
             pending.append((shards, local))
             self.stage_times.decode += time.perf_counter() - t0
             if len(pending) == size:

@@ -107,10 +107,11 @@ def gather_to_slot(ring: SlotRing | None, worker: int, reader: Callable[[int], S
     if ring is None or not len(shards):
         return None
     book = addresses if addresses is not None else RowAddresses()
-    layout = book.batch_layout(reader, shards)  # opens the shards
+    layout, held = book.batch_layout(reader, shards)  # opens the shards; `held` keeps their mappings
     if layout is None:
         return None
     slot = ring.fill(worker, layout, len(shards), lambda out: book.copy(shards, rows, out))
+    del held  # the copy is done
     return (slot, layout) if slot >= 0 else None
 
 
@@ -139,12 +140,13 @@ def gather(reader: Callable[[int], ShardReader], shards: np.ndarray, rows: np.nd
     or row by row).
     """
     book = addresses if addresses is not None else RowAddresses()
-    layout = book.batch_layout(reader, shards)
+    layout, held = book.batch_layout(reader, shards)  # `held` keeps the mappings copy reads (see there)
     if layout is None:
         return _gather_decoded(reader, list(dict.fromkeys(shards.tolist())), shards, rows)
     if out is None:
         out = {name: OUTPUTS.empty((len(shards), *shape), dtype) for name, dtype, shape in layout}
     book.copy(shards, rows, out)
+    del held
     return out
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import multiprocessing
 import os
 import sys
@@ -41,7 +42,7 @@ from tessera.shards.encodings import lookup_encoding
 from tessera.storage.fork_gate import fork_gate
 from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
-from tessera.stream.forksafe import fork_is_clean
+from tessera.stream.forksafe import die_with_parent, fork_is_clean
 from tessera.stream.gather import REF_GROUP, all_fixed_size
 from tessera.stream.slots import FILLED, FREE, SlotRing, slot_bytes
 from tessera.stream.state import StageTimes
@@ -57,7 +58,8 @@ def _needs_clean_workers(dataset: StreamingDataset, gate_open: bool) -> bool:
 
 def _worker_context() -> multiprocessing.context.BaseContext:
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["tessera.stream"])  # workers start without importing torch again
+    # Workers start without importing torch again; the forkserver dies with this process (forkserver_init).
+    ctx.set_forkserver_preload(["tessera.stream", "tessera.stream.forkserver_init"])
     return ctx
 
 
@@ -103,6 +105,18 @@ def _start_worker_iteration(dataset: StreamingDataset, shared: _IterationState |
         own[own == FILLED] = FREE
 
 
+def _worker_start(user_init: Callable[[int], Any] | None, worker_id: int) -> None:
+    """Every worker first ties its life to the training process's (forksafe.die_with_parent)."""
+    die_with_parent()
+    if user_init is not None:
+        user_init(worker_id)
+
+
+def _batch_rows(batch: Any) -> int:
+    """Samples in a whole per-device batch (a mapping of columns, stacked or as lists)."""
+    return len(next(iter(batch.values()))) if isinstance(batch, dict) and batch else len(batch)
+
+
 class _BatchView(IterableDataset):
     """Wraps a StreamingDataset so that each item is a group of `group` whole per-device batches
     (a list of batches, or their BatchRefs when `refs`). `ring`, when set (fork()ed workers only), is
@@ -126,7 +140,8 @@ class _BatchView(IterableDataset):
 
     def __len__(self) -> int:
         """Items in one epoch."""
-        return -(-(len(self.dataset) // self.dataset.batch_size) // self.group)
+        batches = math.ceil(len(self.dataset) / self.dataset.batch_size)  # the last may be partial
+        return math.ceil(batches / self.group)
 
 
 class _SampleView(IterableDataset):
@@ -232,8 +247,10 @@ class StreamingDataLoader(DataLoader):
         # tensors a batch gather gives, so the per-sample path takes that route too.
         self._refs = kwargs.get("num_workers", 0) > 0 and user_collate is None and _refs_possible(dataset, batch_path)
         self._grouped = batch_path or self._refs  # DataLoader items are groups of whole batches
+        kwargs["worker_init_fn"] = functools.partial(_worker_start, kwargs.get("worker_init_fn"))
         if self._grouped:
-            kwargs.pop("drop_last", None)  # every per-device batch is full (the epoch wraps): nothing to drop
+            # Only an epoch's last per-device batch can be partial; drop_last drops it, as torch would.
+            self._drop_last = bool(kwargs.pop("drop_last", False))
             self._batch_collate = user_collate or _to_tensors
             collate = _as_is if self._refs else functools.partial(_collate_each, self._batch_collate)
             # Groups of batches per item: workers send BatchRefs of REF_GROUP batches; without workers the
@@ -287,7 +304,14 @@ class StreamingDataLoader(DataLoader):
     def _batches_of(self, item: Any) -> Iterator[Any]:
         if not self._grouped:
             yield item
-        elif not self._refs:
+        elif self._drop_last:
+            size = self.streaming_dataset.batch_size
+            yield from (b for b in self._grouped_batches(item) if _batch_rows(b) == size)
+        else:
+            yield from self._grouped_batches(item)
+
+    def _grouped_batches(self, item: Any) -> Iterator[Any]:
+        if not self._refs:
             yield from item
         else:  # made here, after torch's pin-memory thread has seen the item: pin as it would
             pin = self.pin_memory and torch.accelerator.is_available()
@@ -315,7 +339,8 @@ class StreamingDataLoader(DataLoader):
     def __len__(self) -> int:
         """Batches in one epoch (DataLoader items may each carry several)."""
         if self._grouped:
-            return len(self.streaming_dataset) // self.streaming_dataset.batch_size
+            whole, part = divmod(len(self.streaming_dataset), self.streaming_dataset.batch_size)
+            return whole + (part > 0 and not self._drop_last)
         return super().__len__()
 
     def state_dict(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -22,7 +23,7 @@ class Prefetcher:
     def __init__(self, needs: Iterator[ShardNeed],
                  fetch: Callable[[int, Callable[[Path], float]], Path | None],
                  path_of: Callable[[int], Path], window: int, concurrency: int = 4,
-                 warm_up: Callable[[], object] | None = None) -> None:
+                 warm_up: Callable[[], object] | None = None, in_order: bool = False) -> None:
         self._needs = needs
         self._fetch = fetch
         self._path_of = path_of
@@ -31,9 +32,18 @@ class Prefetcher:
         self._position = 0  # samples the reader has consumed
         self._wake_at = math.inf  # the planning thread waits until _position + window reaches this
         self._stopped = False
-        self._next_need: dict[Path, int] = {}  # shard file -> sample index of its first need
+        # shard file -> sample indices of its coming needs (first need; with a cache limit also each later
+        # batch's first use of it: `BatchSchedule.shard_order(renew=...)`), oldest first
+        self._next_need: dict[Path, deque[int]] = {}
+        self._started: set[int] = set()  # shards whose fetch was submitted at least once
         self._futures: dict[int, Future[Path | None]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="tessera-prefetch")
+        # Under a cache limit, fetches run one at a time in need order, and one that found no room is retried
+        # as the reader moves on (`_settle`): concurrent or skipped-ahead prefetches let a later shard take
+        # the room of an earlier one, which then evicted it again (downloaded twice). A shard's download is
+        # itself parallel (ranged GETs), so one at a time still keeps the link busy.
+        self._in_order = in_order
+        self._pool = ThreadPoolExecutor(max_workers=1 if in_order else concurrency,
+                                        thread_name_prefix="tessera-prefetch")
         if warm_up is not None:  # one-time set-up the reader needs later, done while the downloads run
             self._pool.submit(warm_up)
         self._thread = threading.Thread(target=self._run, name="tessera-prefetch-plan", daemon=True)
@@ -55,15 +65,21 @@ class Prefetcher:
                 self._cond.notify_all()
 
     def rank(self, path: Path) -> float:
-        """Eviction rank of a cached file: how far in the future it is first needed.
+        """Eviction rank of a cached file: how far in the future it is next needed, as far as the planning
+        thread has looked (up to `window` samples ahead); inf when no need is known.
 
-        Shards whose first need has passed rank like unneeded ones (inf): if the reader still uses one
-        it holds it open, and open shards are pinned, so only finished shards can actually go.
+        Ranking by the *first* need alone treated a shard that the next batch needs again as unneeded,
+        so under a cache limit it was evicted and downloaded again batch after batch (issue 12).
         """
-        need = self._next_need.get(path)
-        if need is None or need < self._position:
-            return math.inf
-        return float(need - self._position)
+        needs = self._next_need.get(path)
+        while needs:
+            try:
+                if needs[0] >= self._position:
+                    return float(needs[0] - self._position)
+                needs.popleft()
+            except IndexError:  # emptied by another thread meanwhile
+                break
+        return math.inf
 
     def wait_for(self, shard: int) -> Path | None:
         """Block on the prefetch of `shard` if one is running; None if it was never started or skipped
@@ -86,17 +102,47 @@ class Prefetcher:
                 self._wake_at = math.inf
                 if self._stopped:
                     return
-                self._next_need[self._path_of(need.shard)] = need.sample_index
-            self._futures[need.shard] = self._pool.submit(self._fetch, need.shard, self.rank)
+                path = self._path_of(need.shard)
+                self._next_need.setdefault(path, deque()).append(need.sample_index)
+            future = self._futures.get(need.shard)
+            if need.shard not in self._started or (future is None or future.done()) and not path.exists():
+                self._started.add(need.shard)  # first need, or needed again after its eviction
+                future = self._futures[need.shard] = self._pool.submit(self._fetch, need.shard, self.rank)
+                if self._in_order and not self._settle(need, future):
+                    return
             self._forget_done()
 
+    def _settle(self, need: ShardNeed, future: Future[Path | None]) -> bool:
+        """In-order mode: wait for this fetch; while it finds no room under the cache limit, retry each time
+        the reader moves on (it frees room as it finishes shards), until fetched or the reader has reached
+        the shard itself (its own fetch then proceeds). False once stopped."""
+        while True:
+            try:
+                if future.result() is not None:
+                    return True
+            except BaseException:  # the reader sees the error in wait_for
+                return not self._stopped
+            with self._cond:
+                self._wake_at = -math.inf  # any advance wakes this thread
+                seen = self._position
+                while not self._stopped and self._position == seen:
+                    self._cond.wait(timeout=0.2)
+                self._wake_at = math.inf
+                if self._stopped:
+                    return False
+                if need.sample_index < self._position:
+                    return True
+            future = self._futures[need.shard] = self._pool.submit(self._fetch, need.shard, self.rank)
+
     def _forget_done(self) -> None:
-        """Drop finished futures of shards the reader is past, so memory stays O(window)."""
-        if len(self._futures) < 256:
-            return
-        for shard, future in list(self._futures.items()):
-            if future.done():
-                del self._futures[shard]
+        """Drop finished futures and passed needs, so memory stays O(window)."""
+        if len(self._futures) >= 256:
+            for shard, future in list(self._futures.items()):
+                if future.done():
+                    del self._futures[shard]
+        if len(self._next_need) >= 1024:
+            for path in [p for p, needs in self._next_need.items() if self.rank(p) == math.inf]:
+                del self._next_need[path]
 
     def close(self) -> None:
         with self._cond:

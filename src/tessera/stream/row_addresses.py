@@ -8,10 +8,14 @@ batch with numpy from arrays indexed by global shard id, and the rows are copied
 `torch.index_select` per column from a uint8 view spanning every mapping seen, with a row stride of one
 byte: row k of that view is the `row_bytes` bytes starting at address lo + k.
 
-Only the rows of shards whose reader the caller has just returned are ever read: an entry is used only
-while it was made from that very reader object (a weak reference, so the table keeps no mapping alive),
-and an open reader's column views keep its mapping. Entries of readers closed since are replaced the next
-time their shard is seen. The span may cover unmapped gaps between mappings; nothing there is read.
+Only the rows of shards whose reader the caller holds are ever read: an entry is used only while it was
+made from that very reader object (a weak reference, so the table keeps no mapping alive), and a reader's
+column views keep its mapping even after `close()`. `batch_layout` therefore returns the batch's readers
+and the caller keeps them until `copy` is done: a dataset under a cache limit keeps only a few readers
+open and closes the least recently used one when it opens another, so a batch over more shards than that
+would otherwise copy from mappings already released (issue 12: a SIGSEGV on the first batch). Entries of
+readers closed since are replaced the next time their shard is seen. The span may cover unmapped gaps
+between mappings; nothing there is read.
 """
 
 from __future__ import annotations
@@ -97,19 +101,26 @@ class RowAddresses:
         self._set(shard, reader)
         return int(self._layout_id[shard])
 
-    def batch_layout(self, reader: Callable[[int], ShardReader], shards: np.ndarray) -> Layout | None:
-        """`see` every shard of a batch (opening them through `reader`); the batch's layout, or None if a
-        shard has variable-size columns. ValueError if the shards' columns do not stack."""
-        ids = {shard: self.see(shard, reader(shard)) for shard in dict.fromkeys(shards.tolist())}
+    def batch_layout(self, reader: Callable[[int], ShardReader],
+                     shards: np.ndarray) -> tuple[Layout | None, list[ShardReader]]:
+        """`see` every shard of a batch (opening them through `reader`): the batch's layout (None if a
+        shard has variable-size columns) and its readers, which the caller must keep referenced until
+        `copy` has run (their views keep the mappings `copy` reads). ValueError if the shards' columns do
+        not stack."""
+        ids: dict[int, int] = {}
+        held: list[ShardReader] = []
+        for shard in dict.fromkeys(shards.tolist()):
+            held.append(reader(shard))
+            ids[shard] = self.see(shard, held[-1])
         kinds = set(ids.values())
         if -1 in kinds:
-            return None
+            return None, held
         if len(kinds) > 1:
             a, la = next(iter(ids.items()))
             b, lb = next((s, k) for s, k in ids.items() if k != la)
             raise ValueError(f"a batch mixes shards whose columns do not stack: shard {a} has "
                              f"{self._layouts[la][0]}, shard {b} has {self._layouts[lb][0]}")
-        return self._layouts[kinds.pop()][0]
+        return self._layouts[kinds.pop()][0], held
 
     def _set(self, shard: int, reader: ShardReader) -> None:
         table = row_table(reader)

@@ -127,12 +127,14 @@ class ShardNeed(NamedTuple):
 
 
 def first_needs(chunks: Iterable[np.ndarray], num_shards: int, skip_samples: int,
-                shard_of: Callable[[np.ndarray], np.ndarray] | None = None) -> Iterator[ShardNeed]:
+                shard_of: Callable[[np.ndarray], np.ndarray] | None = None, renew: int = 0) -> Iterator[ShardNeed]:
     """Each shard in order of first need over `chunks` (a reader's samples in read order), after the
     first `skip_samples` it has already read.
 
     With `shard_of`, chunk values are global positions, mapped to shards only past the skip (a deep
     resume maps nothing it skips) and reported as `ShardNeed.position`; without, they are shard ids.
+    With `renew` > 0, a shard is reported again at its first need in every window of `renew` samples
+    (a batch): under a cache limit eviction must know each shard's *next* need, not only its first.
     """
     seen = np.zeros(num_shards, dtype=bool)
     index = 0
@@ -143,10 +145,15 @@ def first_needs(chunks: Iterable[np.ndarray], num_shards: int, skip_samples: int
         if not flat.size:
             continue
         shards = flat if shard_of is None else shard_of(flat)
-        uniq, first = np.unique(shards, return_index=True)
-        fresh = ~seen[uniq]
-        uniq, first = uniq[fresh], first[fresh]
-        seen[uniq] = True
+        if renew:  # one np.unique over keys (window, shard)
+            window = (index_base + lo + np.arange(flat.size, dtype=np.int64)) // renew
+            keys, first = np.unique(window * num_shards + shards, return_index=True)
+            uniq = keys % num_shards
+        else:
+            uniq, first = np.unique(shards, return_index=True)
+            fresh = ~seen[uniq]
+            uniq, first = uniq[fresh], first[fresh]
+            seen[uniq] = True
         for j in np.argsort(first, kind="stable"):
             at = int(first[j])
             yield ShardNeed(int(uniq[j]), index_base + lo + at - skip_samples,
@@ -185,8 +192,8 @@ def rank_positions(batch_start: np.ndarray | int, global_batch_size: int, num_la
 class BatchSchedule:
     """Global batches of S from position `start` on: batch t is S[start + t*G : start + (t+1)*G].
 
-    The last batch may be short (then some ranks get fewer samples, possibly none); callers that need equal
-    batches on every rank drop it or choose an epoch size that divides.
+    The last batch may be short; ranks then read it padded only to a multiple of the world size, in equal
+    parts (`rank_batch_positions`).
     """
 
     def __init__(self, plan: EpochPlan, global_batch_size: int, start: int = 0):
@@ -208,35 +215,54 @@ class BatchSchedule:
     def global_batch(self, t: int) -> np.ndarray:
         return self.plan.samples_at(self.global_positions(t))
 
-    def positions_for(self, t: int | np.ndarray, rank: int, world_size: int,
-                      ranks_per_node: int | None = None) -> np.ndarray:
-        starts = self.start + np.asarray(t, dtype=np.int64) * self.global_batch_size
-        pos = rank_positions(starts, self.global_batch_size, self.plan.num_lanes, rank, world_size, ranks_per_node)
-        return pos[pos < len(self.plan)] if np.ndim(t) == 0 else pos
+    def positions_for(self, t: int, rank: int, world_size: int, ranks_per_node: int | None = None) -> np.ndarray:
+        """Positions of S that `rank` reads in batch t (see `rank_batch_positions`)."""
+        pos = self.rank_batch_positions(np.array([t]), DeviceLayout(world_size, rank, ranks_per_node))[0]
+        return pos[pos >= 0]
 
     def samples_for(self, t: int, rank: int, world_size: int, ranks_per_node: int | None = None) -> np.ndarray:
         return self.plan.samples_at(self.positions_for(t, rank, world_size, ranks_per_node))
 
     def rank_num_samples(self, rank: int, world_size: int, ranks_per_node: int | None = None) -> int:
-        """Samples `rank` reads in this schedule (equal on every rank unless the last batch is short)."""
+        """Samples `rank` reads in this schedule (equal on every rank)."""
         if self.num_batches == 0:
             return 0
         last = self.positions_for(self.num_batches - 1, rank, world_size, ranks_per_node).size
         return (self.num_batches - 1) * (self.global_batch_size // world_size) + last
+
+    def rank_batch_positions(self, ts: np.ndarray, layout: DeviceLayout) -> np.ndarray:
+        """Positions of S that `layout`'s rank reads in batches `ts`: shape (len(ts), G/W), -1 where none.
+
+        Full batches split as `rank_positions` says. The last batch, when short, is what MosaicML
+        Streaming does with an epoch's tail: padded with the first samples of S only up to a multiple of
+        the world size W (fewer than W repeats; none in one process), then split contiguously into W equal
+        parts. Every rank reads the same number of samples (DDP never waits on one that ran out) and one
+        process reads each sample exactly once, its last batch partial.
+        """
+        ts = np.asarray(ts, dtype=np.int64)
+        n, G, W = len(self.plan), self.global_batch_size, layout.world_size
+        pos = rank_positions(self.start + ts * G, G, self.plan.num_lanes, layout.rank, W, layout.ranks_per_node)
+        last = self.num_batches - 1
+        rest = n - self.start - last * G  # samples in the last batch, 1..G
+        if rest < G and len(ts) and ts[-1] == last:
+            share = -(-rest // W)  # samples per rank in the padded last batch
+            lo = self.start + last * G + layout.rank * share
+            pos[-1] = -1
+            pos[-1, :share] = (lo + np.arange(share, dtype=np.int64)) % n
+        return pos
 
     def worker_batch_indices(self, layout: DeviceLayout) -> WorkerBatches:
         """Batches this worker serves: DataLoader workers take a rank's batches round-robin."""
         return WorkerBatches(0, self.num_batches, layout)
 
     def _worker_chunks(self, layout: DeviceLayout) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(batch indices, positions of shape (batches, G/W) with -1 past the end) in chunks."""
+        """(batch indices, positions of shape (batches, G/W), -1 where none: `rank_batch_positions`) in chunks."""
         batches = self.worker_batch_indices(layout)
         per_rank = self.global_batch_size // layout.world_size
         step = max(1, _CHUNK_SAMPLES // max(1, per_rank))
         for i in range(0, len(batches), step):
             ts = np.asarray(batches[i:i + step], dtype=np.int64)
-            pos = self.positions_for(ts, layout.rank, layout.world_size, layout.ranks_per_node)
-            yield ts, np.where(pos < len(self.plan), pos, -1)
+            yield ts, self.rank_batch_positions(ts, layout)
 
     def check_layout(self, layout: DeviceLayout) -> None:
         """Raise ValueError now (before any download) if `layout` cannot split this schedule's batches."""
@@ -258,15 +284,16 @@ class BatchSchedule:
                 if ok.any():
                     yield t, row[ok]
 
-    def shard_order(self, layout: DeviceLayout, skip_samples: int = 0) -> Iterator[ShardNeed]:
-        """Lazily yield each shard this worker will still need, in order of first need.
+    def shard_order(self, layout: DeviceLayout, skip_samples: int = 0, renew: int = 0) -> Iterator[ShardNeed]:
+        """Lazily yield each shard this worker will still need, in order of first need (with `renew`,
+        again at its first need in every window of `renew` samples: see `first_needs`).
 
         `sample_index` counts this worker's samples from `skip_samples` on (the samples it has already
         read), so a prefetcher can keep a window ahead and a cache can evict what is needed last.
         """
         self.check_layout(layout)
-        return self._shard_order(layout, skip_samples)
+        return self._shard_order(layout, skip_samples, renew)
 
-    def _shard_order(self, layout: DeviceLayout, skip_samples: int) -> Iterator[ShardNeed]:
+    def _shard_order(self, layout: DeviceLayout, skip_samples: int, renew: int = 0) -> Iterator[ShardNeed]:
         chunks = (pos[pos >= 0] for _, pos in self._worker_chunks(layout))
-        return first_needs(chunks, self.plan.run.units.shard_sizes.size, skip_samples, self.plan.shards_at)
+        return first_needs(chunks, self.plan.run.units.shard_sizes.size, skip_samples, self.plan.shards_at, renew)
