@@ -32,7 +32,7 @@ def _mb(n: float) -> str:
 
 
 @app.command()
-def convert(input: str = typer.Argument(..., help="File or folder to convert."),
+def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL (one object or a prefix), to convert."),
             out_url: str = typer.Argument(..., metavar="OUT", help="Output folder or bucket URL."),
             fmt: str = typer.Option(None, "--format", help=f"Input format: {', '.join(FORMATS)} (guessed)."),
             columns: str = typer.Option(None, help="NAME:ENCODING,... (inferred from the first sample)."),

@@ -27,8 +27,10 @@ from typing import Any
 import numpy as np
 
 from tessera.shards.convert_worker import ChunkJob, EncodedChunk, encode_chunk, open_body, select
+from tessera.shards.inputs import is_url
 from tessera.shards.sources import Chunk, SourceError, detect_format, infer_columns, plan_chunks, read_chunk
 from tessera.shards.writer import ShardWriter
+from tessera.storage.fork_gate import requests_made
 
 Progress = Callable[[int, int], None]  # (samples written so far, input chunks done)
 
@@ -97,8 +99,9 @@ def start_method() -> str:
     second of CPU (interpreter, numpy, pyarrow), as long as encoding several chunks. Forking is only safe
     while no other thread can hold a lock the child would need: `convert` forks before it starts its own
     threads (the uploader), and only if the caller runs none (numpy and Arrow handle fork themselves).
-    From Python 3.12 on, native threads count too, as they do for its fork warning."""
-    if "fork" not in mp.get_all_start_methods() or threading.active_count() > 1:
+    From Python 3.12 on, native threads count too, as they do for its fork warning. Nor once this process
+    has made an object-store request (listing a bucket input): obstore's runtime would hang in the child."""
+    if "fork" not in mp.get_all_start_methods() or threading.active_count() > 1 or requests_made():
         return "spawn"
     if sys.version_info >= (3, 12) and _os_threads() != 1:
         return "spawn"
@@ -205,7 +208,9 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     t0 = time.perf_counter()
-    path = Path(input)
+    path = str(input) if is_url(input) else Path(input)  # a bucket URL stays a URL (inputs.py)
+    if workers > 1 and str(path).startswith("memory://"):
+        raise ValueError(f"{path}: a memory:// input lives in this process only; convert it with workers=1")
     fmt = fmt or detect_format(path)
     with contextlib.ExitStack() as stack:
         pool = None
@@ -246,7 +251,7 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
     return summary
 
 
-def _infer(chunks: list[Chunk], fmt: str, text_field: str | None, path: Path) -> dict[str, str]:
+def _infer(chunks: list[Chunk], fmt: str, text_field: str | None, path: str | Path) -> dict[str, str]:
     """Column encodings from the first sample of the input."""
     first_chunk = next((c for c in chunks if c), chunks[0])
     first = next(iter(read_chunk(first_chunk)), None)

@@ -31,6 +31,7 @@ from tessera.shards.encodings import Buffer
 from tessera.shards.errors import EncodeError
 from tessera.shards.samples import SampleEncoder
 from tessera.shards.sources import Chunk, SourceError, locate, read_chunk_located, read_row_group
+from tessera.storage import StorageError
 
 IOV_MAX = 1024  # buffers per writev (the Linux limit)
 _INT = {"int", "str_int", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"}
@@ -123,7 +124,7 @@ def encode_chunk(job: ChunkJob) -> EncodedChunk:
             sizes.append(size)
     except SourceError:
         raise
-    except (OSError, ValueError) as err:  # an unreadable file, Arrow's errors
+    except (OSError, ValueError, StorageError) as err:  # an unreadable file or object, Arrow's errors
         raise SourceError(f"{job.chunk.path}: {type(err).__name__}: {err}") from None
     return _result(job, np.frombuffer(sizes, dtype=np.uint32), pieces)
 

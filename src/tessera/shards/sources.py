@@ -3,6 +3,8 @@
 Each source splits its input into *chunks* that depend only on the input (files, row groups, fixed
 byte ranges snapped to line ends), never on the number of worker processes. Workers read chunks in
 parallel and the writer consumes them in chunk order, so the dataset is the same whatever N is.
+The input may be local or in a bucket (`inputs.py`): the same chunks, read the same way, give the
+same dataset.
 """
 
 from __future__ import annotations
@@ -18,6 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from tessera.shards.inputs import (
+    InputNotFound,
+    Listing,
+    input_size,
+    is_url,
+    list_input,
+    open_input,
+    open_unbuffered,
+    read_all,
+    read_range,
+)
 
 LINE_CHUNK = 4 << 20  # bytes of JSONL / text lines per chunk (small enough to keep N workers busy)
 FILES_PER_CHUNK = 256  # text or image files per chunk
@@ -42,35 +56,20 @@ class Chunk:
     labels: tuple[int, ...] = ()
 
 
-def _files(root: Path, suffixes: set[str] | None = None) -> list[Path]:
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
-        raise SourceError(f"{root}: no such file or folder")
-    found = [(relative, path) for relative, path in _walk(str(root), "")
-             if suffixes is None or os.path.splitext(path)[1].lower() in suffixes]
-    return [Path(path) for _, path in sorted(found)]
+def _files(root: str, suffixes: set[str] | None = None) -> Listing:
+    try:
+        return list_input(root, suffixes)
+    except InputNotFound as exc:
+        raise SourceError(str(exc)) from None
 
 
-def _walk(folder: str, prefix: str) -> Iterator[tuple[str, str]]:
-    """(relative posix path, path) of every non-hidden file below `folder`, symlinked folders not entered.
-
-    `os.scandir` gives each entry's type without a stat per file (a folder of 50k images: milliseconds)."""
-    with os.scandir(folder) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                yield from _walk(entry.path, f"{prefix}{entry.name}/")
-            elif not entry.name.startswith(".") and entry.is_file():
-                yield f"{prefix}{entry.name}", entry.path
-
-
-def detect_format(path: Path) -> str:
+def detect_format(path: str | Path) -> str:
     """Guess the input format from the file suffix, or from the folder's contents."""
-    files = _files(path)
-    if not files:
+    listing = _files(str(path))
+    if not listing.files:
         raise SourceError(f"{path}: no input files")
-    suffixes = {p.suffix.lower() for p in files}
-    if path.is_dir() and suffixes <= IMAGE_SUFFIXES and all(p.parent != path for p in files):
+    suffixes = {os.path.splitext(f)[1].lower() for _, f in listing.files}
+    if not listing.single and suffixes <= IMAGE_SUFFIXES and all("/" in rel for rel, _ in listing.files):
         return "images"
     for fmt, exts in (("jsonl", {".jsonl", ".json", ".ndjson"}), ("parquet", {".parquet"}),
                       ("csv", {".csv"}), ("tsv", {".tsv"})):
@@ -79,53 +78,69 @@ def detect_format(path: Path) -> str:
     return "text"
 
 
-def _line_chunks(path: Path, kind: str) -> list[Chunk]:
+def _line_chunks(path: str, kind: str) -> list[Chunk]:
     """Byte ranges of about LINE_CHUNK, each ending just after a newline (or at end of file)."""
-    size = path.stat().st_size
+    size = input_size(path)
     chunks, start = [], 0
-    with open(path, "rb") as f:
+    with open_input(path, 64 << 10) as f:  # (remote: finding a line end costs a 64 KB GET, not more)
         while start < size:
             f.seek(min(start + LINE_CHUNK, size))
             f.readline()
             stop = min(f.tell(), size) if start + LINE_CHUNK < size else size
-            chunks.append(Chunk(kind, str(path), start, stop))
+            chunks.append(Chunk(kind, path, start, stop))
             start = stop
     return chunks
 
 
 def plan_chunks(path: str | Path, fmt: str) -> list[Chunk]:
     """Split the input into chunks, in the order their samples appear in the dataset."""
-    root = Path(path)
+    root = str(path) if is_url(path) else str(Path(path))
     if fmt not in FORMATS:
         raise SourceError(f"unknown input format {fmt!r}; use one of {', '.join(FORMATS)}")
     if fmt == "images":
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        if not classes:
-            raise SourceError(f"{root}: an image folder needs one sub-folder per class")
-        files = [(f, label) for label, c in enumerate(classes) for f in _files(root / c, IMAGE_SUFFIXES)]
-        return [Chunk("images", str(root), files=tuple(str(f) for f, _ in files[i:i + FILES_PER_CHUNK]),
+        files = _image_files(root)
+        return [Chunk("images", root, files=tuple(f for f, _ in files[i:i + FILES_PER_CHUNK]),
                       labels=tuple(lab for _, lab in files[i:i + FILES_PER_CHUNK]))
                 for i in range(0, len(files), FILES_PER_CHUNK)]
-    files = _files(root)
+    files = [f for _, f in _files(root).files]
     if fmt == "text":
-        return [Chunk("text", str(root), files=tuple(str(f) for f in files[i:i + FILES_PER_CHUNK]))
+        return [Chunk("text", root, files=tuple(files[i:i + FILES_PER_CHUNK]))
                 for i in range(0, len(files), FILES_PER_CHUNK)]
     if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return [Chunk("parquet", str(f), g, g + 1) for f in files for g in range(pq.ParquetFile(f).num_row_groups)]
+        return [Chunk("parquet", f, g, g + 1) for f in files for g in range(_parquet(f).num_row_groups)]
     if fmt in ("csv", "tsv"):
-        return [Chunk(fmt, str(f)) for f in files]
+        return [Chunk(fmt, f) for f in files]
     return [c for f in files for c in _line_chunks(f, fmt)]
+
+
+def _image_files(root: str) -> list[tuple[str, int]]:
+    """(file, label) of an image folder: one sub-folder per class, labelled in sorted order. In a
+    bucket, a class is a first key segment with objects below it (there are no empty folders)."""
+    if is_url(root):
+        listing = _files(root, IMAGE_SUFFIXES)
+        classes = sorted({rel.split("/")[0] for rel, _ in listing.files if "/" in rel})
+        grouped = [[f for rel, f in listing.files if rel.startswith(f"{c}/")] for c in classes]
+    else:
+        folder = Path(root)
+        classes = sorted(p.name for p in folder.iterdir() if p.is_dir()) if folder.is_dir() else []
+        grouped = [[f for _, f in _files(str(folder / c), IMAGE_SUFFIXES).files] for c in classes]
+    if not classes:
+        raise SourceError(f"{root}: an image folder needs one sub-folder per class")
+    return [(f, label) for label, found in enumerate(grouped) for f in found]
+
+
+def _parquet(path: str) -> Any:
+    """A ParquetFile over a local file, or over ranged GETs of a bucket object."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(open_unbuffered(path) if is_url(path) else path)
 
 
 Located = Iterator[tuple[int, dict[str, Any]]]  # (position in the chunk, sample); see `locate`
 
 
 def _chunk_bytes(chunk: Chunk) -> bytes:
-    with open(chunk.path, "rb") as f:
-        f.seek(chunk.start)
-        return f.read(chunk.stop - chunk.start)
+    return read_range(chunk.path, chunk.start, chunk.stop)
 
 
 def _read_jsonl(chunk: Chunk) -> Located:
@@ -143,9 +158,7 @@ def _read_jsonl(chunk: Chunk) -> Located:
 
 def read_row_group(chunk: Chunk) -> Any:
     """A Parquet chunk's row group as an Arrow table."""
-    import pyarrow.parquet as pq
-
-    return pq.ParquetFile(chunk.path).read_row_group(chunk.start)
+    return _parquet(chunk.path).read_row_group(chunk.start)
 
 
 def _read_parquet(chunk: Chunk) -> Located:
@@ -153,7 +166,7 @@ def _read_parquet(chunk: Chunk) -> Located:
 
 
 def _read_csv(chunk: Chunk) -> Located:
-    with open(chunk.path, newline="", encoding="utf-8") as f:
+    with io.TextIOWrapper(open_input(chunk.path), encoding="utf-8", newline="") as f:
         reader = csv.DictReader(f, delimiter="\t" if chunk.kind == "tsv" else ",")
         try:
             for row in reader:
@@ -177,8 +190,8 @@ def _read_lines(chunk: Chunk) -> Located:
 
 def _read_text(chunk: Chunk) -> Located:
     for i, f in enumerate(chunk.files):
-        try:
-            text = Path(f).read_text(encoding="utf-8")
+        try:  # decoded as Path.read_text does (universal newlines)
+            text = io.TextIOWrapper(io.BytesIO(read_all(f)), encoding="utf-8").read()
         except UnicodeDecodeError as exc:
             raise SourceError(f"{f}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         yield i, {"text": text}
@@ -188,12 +201,12 @@ def _read_images(chunk: Chunk) -> Located:
     from PIL import Image
 
     for i, (f, label) in enumerate(zip(chunk.files, chunk.labels, strict=True)):
+        data = read_all(f)
         if os.path.splitext(f)[1].lower() in JPEG_SUFFIXES:
-            with open(f, "rb") as file:
-                yield i, {"image": file.read(), "label": label}  # the original JPEG bytes, as MDS does
+            yield i, {"image": data, "label": label}  # the original JPEG bytes, as MDS does
             continue
         try:
-            with Image.open(f) as im:
+            with Image.open(io.BytesIO(data)) as im:
                 buf = io.BytesIO()
                 im.convert("RGB").save(buf, format="JPEG", quality=75)
         except OSError as exc:
@@ -218,7 +231,7 @@ def read_chunk_located(chunk: Chunk) -> Located:
 def _lines_before(path: str, stop: int) -> int:
     """Newlines in the first `stop` bytes of a file (only computed when an error needs a line number)."""
     count = 0
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         while stop > 0:
             block = f.read(min(stop, 16 << 20))
             if not block:
@@ -234,9 +247,7 @@ def locate(chunk: Chunk, position: int) -> str:
     if chunk.kind in ("jsonl", "lines"):
         return f"{chunk.path}, line {_lines_before(chunk.path, chunk.start) + position + 1}"
     if chunk.kind == "parquet":
-        import pyarrow.parquet as pq
-
-        meta = pq.ParquetFile(chunk.path).metadata
+        meta = _parquet(chunk.path).metadata
         row = sum(meta.row_group(g).num_rows for g in range(chunk.start)) + position
         return f"{chunk.path}, row {row} (row group {chunk.start})"
     if chunk.kind in ("csv", "tsv"):
