@@ -23,8 +23,7 @@ import helpers  # noqa: E402
 from tessera.shards import ShardWriter  # noqa: E402
 from tessera.shards.errors import CorruptShard  # noqa: E402
 from tessera.storage import IntegrityError, open_store  # noqa: E402
-from tessera.stream import StreamingDataset  # noqa: E402
-from tessera.stream import cache as cache_module  # noqa: E402
+from tessera.stream import StreamingDataset, integrity  # noqa: E402
 
 N = 90
 COLUMNS = {"id": "int", "s": "str"}
@@ -95,13 +94,13 @@ def test_each_file_is_hashed_once_per_process(tmp_path: Path, monkeypatch: pytes
     ds = tmp_path / "ds"
     write(ds)
     hashed = []
-    real = cache_module.new_hasher
+    real = integrity.new_hasher
 
     def counting(algo: str):
         hashed.append(algo)
         return real(algo)
 
-    monkeypatch.setattr(cache_module, "new_hasher", counting)
+    monkeypatch.setattr(integrity, "new_hasher", counting)
     for _ in range(3):  # three datasets over the same files: each file hashed by the first only
         assert_right(read_all(local=str(ds), validate_hash="xxh64"))
     # one hasher per shard file, plus one per dataset for the algorithm check at start-up

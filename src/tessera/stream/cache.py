@@ -21,7 +21,6 @@ import fcntl
 import glob
 import json
 import math
-import mmap
 import os
 import resource
 import time
@@ -34,33 +33,12 @@ import xxhash
 
 from tessera.shards.fetch import decompress_file
 from tessera.shards.index import ShardEntry
-from tessera.storage import IntegrityError, Store, download_from, new_hasher
+from tessera.storage import IntegrityError, Store, download_from
 from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_atomic
+from tessera.stream.integrity import remember_verified, verify_file
 
 META_DIR = ".tessera"
 INDEX_NAME = "index.json"
-# Raw shard files this process has hashed and found right, as (path, entry stamp, device, inode, size,
-# mtime): validate_hash costs one hash per shard file per process, not one per open. A file replaced or
-# rewritten in place gets a new key, so it is hashed again.
-_VERIFIED: set[tuple[str, str, int, int, int, int]] = set()
-
-
-def _file_key(path: Path, entry: ShardEntry, st: os.stat_result) -> tuple[str, str, int, int, int, int]:
-    return (str(path), entry_stamp(entry), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def check_hash_recorded(entries: list[ShardEntry], algo: str | None, label: str) -> None:
-    """validate_hash names an algorithm every shard's files record in index.json (else nothing could be
-    checked): a ValueError at start-up naming the index, instead of a failure at some later shard."""
-    if not algo:
-        return
-    new_hasher(algo)  # ValueError listing the supported algorithms
-    for shard, entry in enumerate(entries):
-        for info in (entry.raw_data, entry.zip_data):
-            if info is not None and algo not in info.hashes:
-                raise IntegrityError(f"{label}: validate_hash={algo!r} but shard {shard} ({info.basename}) "
-                                     f"records only {sorted(info.hashes) or 'no hashes'}; pass one of those, "
-                                     "or validate_hash=None", label)
 
 
 def raise_open_file_limit() -> None:
@@ -275,8 +253,7 @@ class ShardCache:
         tmp.write_text(entry_stamp(entry))
         os.replace(tmp, stamp)
         if self.validate_hash:  # checked on the way in: no need to hash it again at first use
-            with contextlib.suppress(FileNotFoundError):
-                _VERIFIED.add(_file_key(self.path(entry), entry, self.path(entry).stat()))
+            remember_verified(self.path(entry), self.validate_hash, entry.raw_data.hashes[self.validate_hash])
 
     def _decompress(self, entry: ShardEntry, zip_path: Path) -> None:
         t0 = time.perf_counter()
@@ -293,34 +270,17 @@ class ShardCache:
         return (self.validate_hash,) if self.validate_hash else ()
 
     def verify(self, entry: ShardEntry, path: Path | None = None, label: str | None = None) -> None:
-        """Check the raw shard file against index.json's `validate_hash` digest, once per process.
-
-        Called on every reader open; only the first use of a file version in this process hashes it
-        (see _VERIFIED). IntegrityError (a ValueError, as MosaicML raises) names the file and algorithm.
-        """
+        """Check the raw shard file against index.json's `validate_hash` digest on its first use in this
+        process (called on every reader open; see integrity.py)."""
         algo = self.validate_hash
         if not algo:
             return
         path = path or self.path(entry)
-        with contextlib.suppress(FileNotFoundError):  # a missing file is the reader's error to report
-            if _file_key(path, entry, path.stat()) in _VERIFIED:
-                return
         want = entry.raw_data.hashes.get(algo)
         if want is None:
             raise IntegrityError(f"{label or path}: index.json records no {algo} digest to validate "
                                  f"(it has {sorted(entry.raw_data.hashes)})", label or str(path))
-        with open(path, "rb") as file:  # hash and stat the same open file: the key names what was hashed
-            st = os.fstat(file.fileno())
-            hasher = new_hasher(algo)
-            if st.st_size:
-                with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-                    hasher.update(data)
-        if hasher.hexdigest() != want.lower():
-            raise IntegrityError(f"{label or path}: {algo} digest of {path} is {hasher.hexdigest()} but "
-                                 f"index.json records {want}: the file changed after it was written or "
-                                 "downloaded; delete it (a cached copy is fetched again) or rewrite the "
-                                 "dataset", label or str(path))
-        _VERIFIED.add(_file_key(path, entry, st))
+        verify_file(path, algo, want, label or str(path))
 
     # pins and eviction -------------------------------------------------------------------
     @contextlib.contextmanager
