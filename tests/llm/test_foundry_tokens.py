@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import small_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
@@ -21,6 +20,7 @@ from anchors import MDSWriter  # noqa: E402
 
 from tessera.cli.main import app  # noqa: E402
 from tessera.llm.eval import mds_batches, perplexity  # noqa: E402
+from tessera.llm.model import GPT, GPTConfig  # noqa: E402
 from tessera.llm.recipe import RecipeError  # noqa: E402
 from tessera.llm.tokens import TOKEN_DTYPES, TokenColumnError, TokenWindows, token_collate  # noqa: E402
 from tessera.shards import ShardWriter  # noqa: E402
@@ -81,7 +81,8 @@ def test_train_on_foundry_token_shards_matches_tessera_windows(datasets, tmp_pat
 
 
 def test_eval_perplexity_on_foundry_token_shards(datasets) -> None:
-    model = small_model(max_seq_len=L)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(d_model=32, n_heads=4, n_layers=2, vocab_size=257, max_seq_len=L)).eval()
     want = perplexity(model, mds_batches(datasets["tessera"], "val", batch_size=3))
     for name in ("foundry_int32", "foundry_bytes"):
         batch = next(mds_batches(datasets[name], "val", batch_size=3))
