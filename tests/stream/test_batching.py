@@ -25,11 +25,6 @@ G = 12
 LAYOUTS = [(1, None), (2, None), (2, 1), (4, 2), (4, 1)]  # (world size, ranks per node)
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    helpers.clear_world_env(monkeypatch)
-
-
 def run_plans(shuffle: bool = True, seed: int = 3) -> StreamPlans:
     return helpers.three_stream_plans(shuffle, seed)
 

@@ -47,23 +47,6 @@ N_BATCHES = 42  # global batches of an epoch of "main": ceil((495 + 3 padding) /
 WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK")
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test process itself is a single rank, whatever the environment pytest runs in."""
-    for name in WORLD_ENV:
-        monkeypatch.delenv(name, raising=False)
-    for name in list(os.environ):
-        if name.startswith("SLURM_"):
-            monkeypatch.delenv(name)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
-    srv = helpers.ReaderServer(tmp_path_factory.mktemp("server"))
-    yield srv
-    srv.close()
-
-
 # --- the layouts run ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")

@@ -30,11 +30,6 @@ from tessera.stream.schedule import DeviceLayout  # noqa: E402
 B = 4  # device batch size of the plan-level tests
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    helpers.clear_world_env(monkeypatch)
-
-
 def run_plans(shuffle: bool = True, seed: int = 3) -> StreamPlans:
     return helpers.three_stream_plans(shuffle, seed)
 

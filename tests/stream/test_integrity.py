@@ -29,11 +29,6 @@ N = 90
 COLUMNS = {"id": "int", "s": "str"}
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    helpers.clear_world_env(monkeypatch)
-
-
 def write(out: str | Path, compression: str | None = None) -> None:
     with ShardWriter(out, COLUMNS, size_limit=700, hashes=["sha1", "xxh64"], compression=compression) as writer:
         for i in range(N):

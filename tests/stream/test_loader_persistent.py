@@ -37,11 +37,6 @@ PATHS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    helpers.clear_world_env(monkeypatch)
-
-
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("persistent")

@@ -30,11 +30,6 @@ from tessera.stream import Stream, StreamingDataLoader, StreamingDataset  # noqa
 N = 120
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    helpers.clear_world_env(monkeypatch)
-
-
 def write_mosaic(out: Path, ids: range, compression: str = "zstd") -> None:
     """A compressed dataset written by MosaicML's own writer."""
     with MDSWriter(out=str(out), columns={"id": "int", "x": "ndarray:int64:4", "s": "str"},

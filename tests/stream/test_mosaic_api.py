@@ -28,12 +28,6 @@ from tessera.stream.indexing import select
 N = 100  # samples in the "seq" dataset: value i at global index i
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture(scope="module")
 def mosaic() -> Any:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

@@ -16,12 +16,6 @@ from tessera.stream import StreamingDataLoader, StreamingDataset
 N = 116  # (MosaicML uses 117, a partial last batch: add it with the exactly-once epoch in dataset.py)
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-
-
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("resume") / "seq"

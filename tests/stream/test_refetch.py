@@ -18,11 +18,6 @@ from tessera.stream import StreamingDataLoader, StreamingDataset
 N = 300
 
 
-@pytest.fixture(autouse=True)
-def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
-    helpers.clear_world_env(monkeypatch)
-
-
 @pytest.fixture
 def remote(s3_bucket: str) -> str:
     url = f"{s3_bucket}/elastic"

@@ -4,7 +4,7 @@
 docs/streaming.md for the differences. The order itself is a pure function (`plan`, `schedule`).
 """
 
-from tessera.stream.cache import CacheLimitError, ShardCache
+from tessera.stream.cache import CacheLimitError, ShardCache, download_counts
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.loader import StreamingDataLoader
 from tessera.stream.plan import EpochPlan, PlanConfig, PlanState, PlanStateMismatch, RunPlan
@@ -14,4 +14,4 @@ from tessera.stream.world import World
 
 __all__ = ["CacheLimitError", "EpochPlan", "PlanConfig", "PlanState", "PlanStateMismatch", "RunPlan",
            "ShardCache", "Stream", "StreamingDataLoader", "StreamingDataset", "World",
-           "streams_registry"]
+           "download_counts", "streams_registry"]

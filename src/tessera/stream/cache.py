@@ -24,6 +24,7 @@ import math
 import os
 import resource
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_a
 from tessera.stream.integrity import remember_verified, verify_file
 
 META_DIR = ".tessera"
+DOWNLOAD_LOG = "downloads.log"
 INDEX_NAME = "index.json"
 
 
@@ -84,6 +86,16 @@ def flocked(path: Path, mode: int) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def download_counts(root: str | Path) -> Counter[str]:
+    """Downloads per shard basename into the cache folder `root` (a stream's `local`), by every process
+    that shared it, from its journal (`ShardCache._log_download`)."""
+    try:
+        text = (Path(root) / META_DIR / DOWNLOAD_LOG).read_text()
+    except FileNotFoundError:
+        return Counter()
+    return Counter(line for line in text.splitlines() if line)
 
 
 @dataclass
@@ -252,8 +264,20 @@ class ShardCache:
         tmp = temp_path_for(stamp)
         tmp.write_text(entry_stamp(entry))
         os.replace(tmp, stamp)
+        self._log_download(entry.raw_data.basename)
         if self.validate_hash:  # checked on the way in: no need to hash it again at first use
             remember_verified(self.path(entry), self.validate_hash, entry.raw_data.hashes[self.validate_hash])
+
+    def _log_download(self, basename: str) -> None:
+        """One line per completed download in the cache's journal (`download_counts`): how often a
+        cache limit made a shard come again, across every process sharing the folder. O_APPEND writes of
+        one short line are atomic, so concurrent processes never interleave."""
+        self.meta.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.meta / DOWNLOAD_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (basename + "\n").encode())
+        finally:
+            os.close(fd)
 
     def _decompress(self, entry: ShardEntry, zip_path: Path) -> None:
         t0 = time.perf_counter()
@@ -289,7 +313,8 @@ class ShardCache:
         if self.remote is None:
             yield
             return
-        with flocked(self._lock_path(entry.raw_data.basename, "pin"), fcntl.LOCK_SH):
+        with flocked(self._lock_path(entry.raw_data.basename, "pin"), fcntl.LOCK_SH) as fd:
+            os.utime(fd)  # when it was last opened: eviction's tie-break (`_last_use`)
             yield
 
     def _shard_files(self) -> list[tuple[Path, Path]]:
@@ -363,8 +388,11 @@ class ShardCache:
             # A prefetch evicts only shards needed later than the one it fetches (else it would push out
             # what the reader needs first, to be downloaded again); a reader's own fetch any unpinned one.
             own = rank(self.root / reserve) if optional and reserve is not None else -math.inf
-            # Highest rank = needed furthest in the future (inf: not needed again this epoch): evict first.
-            for root, path in sorted(files, key=lambda rp: rank(rp[1]), reverse=True):
+            # Highest rank = needed furthest in the future (inf: not needed again this epoch): evict first;
+            # among equal ranks (every shard this process does not know a need of, such as those other
+            # processes sharing the cache read or prefetched), the least recently used first.
+            order = sorted(files, key=lambda rp: (rank(rp[1]), -self._last_use(*rp)), reverse=True)
+            for root, path in order:
                 if used + need <= self.cache_limit or rank(path) <= own:
                     break
                 used -= self._try_evict(root, path)
@@ -376,6 +404,29 @@ class ShardCache:
                 target.write_text(str(need))
         return True
 
+    def _last_use(self, root: Path, path: Path) -> float:
+        """When a shard was last downloaded or opened by any process (file and pin-lock mtimes)."""
+        times = [0.0]
+        for p in (path, self._lock_path(path.relative_to(root).as_posix(), "pin", root)):
+            with contextlib.suppress(FileNotFoundError):
+                times.append(p.stat().st_mtime)
+        return max(times)
+
+    def _downloading(self, root: Path, basename: str) -> bool:
+        """Whether a download holds this file's shard: the file itself, or a compressed file being
+        decompressed (its download lock is the raw name's, the compressed name less its extension).
+        Evicting that compressed file mid-decompression failed the download ("compressed shard file is
+        missing"), seen with two ranks of two workers sharing a 10% cache."""
+        for name in {basename, basename.rsplit(".", 1)[0]}:
+            fd = os.open(self._lock_path(name, "dl", root), os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            finally:
+                os.close(fd)
+        return False
+
     def _try_evict(self, root: Path, path: Path) -> int:
         basename = path.relative_to(root).as_posix()
         lock = self._lock_path(basename, "pin", root)
@@ -386,6 +437,8 @@ class ShardCache:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return 0  # someone is reading it
+            if self._downloading(root, basename):
+                return 0
             try:
                 size = path.stat().st_size
                 self._stamp_path(basename, root).unlink(missing_ok=True)  # invalid first, then gone

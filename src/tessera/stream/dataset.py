@@ -119,9 +119,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         for st in self.streams:
             st.granularity = self.sampling_granularity
         check_cache_limit(self.cache_limit, self.streams)
-        self._max_open = OPEN_READERS
-        if self.cache_limit is not None:
-            self._max_open = max(1, min(OPEN_READERS, self.cache_limit // max(1, largest_shard(self.streams)) - 1))
+        self._max_open = self._open_limit(world)  # set again per iteration, once the workers are known
         check_unsafe_columns(self.streams, self.columns, allow_unsafe_types)
         self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
         self._ranged = RangedReads(self.streams, self._entries, ranged_reads, self.columns, allow_unsafe_types)
@@ -141,13 +139,14 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self._epoch = 0
         self._resume: PlanState | None = None
         self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
+        self._ahead: dict[int, Any] = {}  # pins of prefetched shards not opened yet (cache limit only)
         self._rows = RowAddresses()  # where open shards keep their rows, for gather (per process)
         self.stage_times = StageTimes()
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable for spawn/forkserver DataLoader workers: open shard readers (mmaps) stay behind."""
         state = self.__dict__.copy()
-        state["_readers"], state["_rows"] = OrderedDict(), RowAddresses()
+        state["_readers"], state["_rows"], state["_ahead"] = OrderedDict(), RowAddresses(), {}
         return state
 
     # --- checks -----------------------------------------------------------------------------------
@@ -208,10 +207,38 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         return self.streams[si].cache.fetch(self.streams[si].entries[sh], rank_of)
 
     def _prefetch(self, shard: int, rank_of: Any = None) -> Path | None:
-        """Fetch ahead of the reader only if it fits under cache_limit without passing it (else None)."""
+        """Fetch ahead of the reader only if it fits under cache_limit without passing it (else None).
+
+        Under a cache limit the shard stays pinned until this process opens it (`_reader`): the other
+        processes sharing the cache know nothing of this process's needs, so to them an unopened prefetched
+        shard looks unneeded, and they evicted it just before it was read (downloaded again).
+        """
         si, sh = self._entries[shard]
+        cache, entry = self.streams[si].cache, self.streams[si].entries[sh]
         self._ranged.wait_turn()  # the first batch's ranged reads go first (ranged.py)
-        return self.streams[si].cache.fetch(self.streams[si].entries[sh], rank_of, optional=True)
+        if self.cache_limit is None:
+            return cache.fetch(entry, rank_of, optional=True)
+        if len(self._ahead) >= self._max_open:  # this process's share is held: leave the rest to others
+            return None
+        pin = cache.pinned(entry)
+        pin.__enter__()
+        try:
+            path = cache.fetch(entry, rank_of, optional=True)
+        except BaseException:
+            pin.__exit__(None, None, None)
+            raise
+        if path is None or shard in self._ahead:
+            pin.__exit__(None, None, None)
+        else:
+            self._ahead[shard] = pin
+        return path
+
+    def _release_ahead(self, shard: int | None = None) -> None:
+        """Drop the prefetch pin of `shard` (opened now: its reader holds a pin of its own), or of all."""
+        for key in [shard] if shard is not None else list(self._ahead):
+            pin = self._ahead.pop(key, None)
+            if pin is not None:
+                pin.__exit__(None, None, None)
 
     def _reader(self, shard: int, prefetcher: Prefetcher | None = None) -> ShardReader:
         hit = self._readers.get(shard)
@@ -236,6 +263,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
             raise
         self.stage_times.wait += time.perf_counter() - t0
         self._readers[shard] = (reader, pin)
+        self._release_ahead(shard)
         while len(self._readers) > self._max_open:
             _, (old, old_pin) = self._readers.popitem(last=False)
             old.close()
@@ -304,9 +332,24 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self._epoch, self._resume = state.epoch, state
 
     # --- iteration --------------------------------------------------------------------------------------
+    def _open_limit(self, world: World) -> int:
+        """Shard readers this process keeps open (each pins its shard, which then cannot be evicted).
+
+        Under a cache limit, every reader process of the node (ranks x DataLoader workers) shares the
+        cache: each gets an equal part of what fits, half for open shards and half for shards it
+        prefetched (also pinned until opened: `_prefetch`), and at least one open. Without that, two ranks
+        each pinned nearly a whole limit's worth and the cache grew past it.
+        """
+        if self.cache_limit is None:
+            return OPEN_READERS
+        readers = world.local_world_size * max(1, world.num_workers)
+        fits = self.cache_limit // max(1, largest_shard(self.streams))
+        return max(1, min(OPEN_READERS, (fits // readers) // 2))  # half open, half prefetched (`_prefetch`)
+
     def _schedule(self, group: int = 1) -> tuple[BatchSchedule | StreamSchedule, World, DeviceLayout]:
         world = World.from_env()
         self._check_world(world)
+        self._max_open = self._open_limit(world)
         layout = self._layout(world, group)
         epoch, start = self._begin()
         if self.batching_method != "random":
@@ -344,8 +387,11 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
             return NoPrefetch()
         window = self.predownload if self.predownload is not None else max(8 * self.batch_size, 512)
         # Under a cache limit eviction needs each shard's next need (needs renewed every batch) and
-        # prefetches go in need order (see Prefetcher).
+        # prefetches go in need order (see Prefetcher), no further ahead than this process's share of the
+        # cache holds: beyond it, other processes sharing the cache would evict what it prefetched.
         limited = self.cache_limit is not None
+        if limited:
+            window = min(window, max(self.batch_size, self._max_open * self.num_samples // len(self._entries)))
         return Prefetcher(sched.shard_order(layout, renew=self.batch_size if limited else 0), self._prefetch,
                           self._path, window, warm_up=self._warm_up, in_order=limited)
 
@@ -370,6 +416,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                     prefetcher.advance(done)
         finally:
             prefetcher.close()
+            self._release_ahead()
             self._close_readers()
             self._ranged.close()
             if os.environ.get("TESSERA_STREAM_PROFILE"):
