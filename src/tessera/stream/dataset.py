@@ -20,7 +20,7 @@ import os
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from tessera.shards.sizes import parse_count, parse_size
 from tessera.stream import batching
 from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method
 from tessera.stream.cache import check_cache_limit, largest_shard, raise_open_file_limit
-from tessera.stream.gather import BatchRefs, gather, gather_to_slot
+from tessera.stream.defaults import cache_fitted_block, default_lanes
+from tessera.stream.gather import BatchRefs, gather, gather_to_slot, stack_samples
 from tessera.stream.mixing import check_granularity
 from tessera.stream.mosaic_api import MosaicDatasetAPI
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
@@ -62,11 +63,9 @@ from tessera.stream.world import World
 OPEN_READERS = 256
 
 
-def default_lanes(shuffle_algo: str, num_nodes: int, num_samples: int) -> int:
-    """MosaicML's default `num_canonical_nodes`: 64 per node for py1s/py2s, else one per node (so one
-    process reads an unshuffled dataset in index order); never more lanes than samples."""
-    per_node = 64 if shuffle_algo in ("py1s", "py2s") else 1
-    return max(1, min(per_node * num_nodes, num_samples))
+def _map_nested(fn: Callable[[Any], Any], samples: Any) -> Any:
+    """`fn` on every sample of a (possibly nested) list of samples, as `ds[...]` returns them."""
+    return [_map_nested(fn, x) if isinstance(x, list) else fn(x) for x in samples]
 
 
 class StreamingDataset(MosaicDatasetAPI, IterableDataset):
@@ -83,7 +82,8 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                  batching_method: str = "random", allow_unsafe_types: bool = False,
                  replication: int | None = None, columns: Sequence[str] | None = None,
                  ranged_reads: bool = True, stream_name: str = "stream",
-                 stream_config: dict[str, Any] | None = None) -> None:
+                 stream_config: dict[str, Any] | None = None,
+                 transform: Callable[[dict[str, Any]], Any] | None = None) -> None:
         if streams and (remote is not None or local is not None):
             raise ValueError("pass either streams=[...] or remote/local, not both")
         if streams and (stream_name != "stream" or stream_config):
@@ -126,6 +126,8 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
         self._shard_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         lanes = num_canonical_nodes or default_lanes(shuffle_algo, world.num_nodes, self.num_samples)
+        if shuffle and shuffle_block_size is None and self.cache_limit is not None:
+            shuffle_block_size = cache_fitted_block(self.cache_limit, self.streams, lanes)
         self._config = PlanConfig(seed=shuffle_seed, num_lanes=lanes, shuffle=shuffle, shuffle_algo=shuffle_algo,
                                   shuffle_block_size=shuffle_block_size,
                                   epoch_size=parse_count(epoch_size) if epoch_size is not None else None,
@@ -138,6 +140,9 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                                          self.global_batch_size(world), self.batch_size)  # before any download
         self._epoch = 0
         self._resume: PlanState | None = None
+        self._epoch_used = False  # an iteration of self._epoch started (the next one starts the next epoch)
+        self.transform = transform
+        self._active: Prefetcher | None = None  # the running iteration's, for reads through `get_item`
         self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
         self._ahead: dict[int, Any] = {}  # pins of prefetched shards not opened yet (cache limit only)
         self._rows = RowAddresses()  # where open shards keep their rows, for gather (per process)
@@ -147,6 +152,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         """Picklable for spawn/forkserver DataLoader workers: open shard readers (mmaps) stay behind."""
         state = self.__dict__.copy()
         state["_readers"], state["_rows"], state["_ahead"] = OrderedDict(), RowAddresses(), {}
+        state["_active"] = None
         return state
 
     # --- checks -----------------------------------------------------------------------------------
@@ -241,6 +247,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                 pin.__exit__(None, None, None)
 
     def _reader(self, shard: int, prefetcher: Prefetcher | None = None) -> ShardReader:
+        prefetcher = prefetcher or self._active  # reads through get_item during an iteration wait on it too
         hit = self._readers.get(shard)
         if hit is not None:
             self._readers.move_to_end(shard)
@@ -278,8 +285,9 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
 
     # --- epochs and resumption --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """The epoch the next iteration serves (StreamingDataLoader calls this for you)."""
-        self._epoch = int(epoch)
+        """The epoch the next iteration serves (StreamingDataLoader calls this for you). Without it, each
+        new iteration of the dataset starts the next epoch, as in MosaicML Streaming."""
+        self._epoch, self._epoch_used = int(epoch), False
 
     def _begin(self) -> tuple[int, int]:
         """(epoch, samples already consumed in it) for the iteration about to start."""
@@ -327,9 +335,9 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self._run.check_state(state)
         n = self._epoch_samples(state.epoch, self.global_batch_size())
         if state.samples_consumed >= n:  # the epoch was finished: start the next one
-            self._epoch, self._resume = state.epoch + 1, None
+            self._epoch, self._resume, self._epoch_used = state.epoch + 1, None, False
             return
-        self._epoch, self._resume = state.epoch, state
+        self._epoch, self._resume, self._epoch_used = state.epoch, state, False
 
     # --- iteration --------------------------------------------------------------------------------------
     def _open_limit(self, world: World) -> int:
@@ -403,8 +411,11 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
 
     def _epoch_batches(self, group: int = 1) -> Iterator[tuple[np.ndarray, np.ndarray, Prefetcher]]:
         """(shard ids, in-shard indices) per rank batch, with the prefetcher kept in step."""
+        if self._epoch_used:  # iterating again without set_epoch/load_state_dict: the next epoch (MosaicML's)
+            self._epoch, self._resume = self._epoch + 1, None
+        self._epoch_used = True
         sched, _, layout = self._schedule(group)
-        prefetcher = self._prefetcher(sched, layout)
+        prefetcher = self._active = self._prefetcher(sched, layout)
         done = 0
         try:
             batches, sizes = self._batches(sched, layout), group_sizes(group)  # a worker's groups (DataLoader items)
@@ -416,24 +427,48 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                     prefetcher.advance(done)
         finally:
             prefetcher.close()
+            self._active = None
             self._release_ahead()
             self._close_readers()
             self._ranged.close()
             if os.environ.get("TESSERA_STREAM_PROFILE"):
                 print(f"[tessera.stream] {self.stage_times.report(self.streams)}", file=sys.stderr)
 
+    def __getitem__(self, at: Any) -> Any:
+        """`ds[i]` as MosaicML's (any index: mosaic_api.py), with `transform` applied to each sample."""
+        out = super().__getitem__(at)
+        if self.transform is None:
+            return out
+        return self.transform(out) if isinstance(out, dict) else _map_nested(self.transform, out)
+
+    def transforms_samples(self) -> bool:
+        """Whether samples pass through user code: `transform=`, or a subclass overriding `__getitem__` or
+        `get_item` (how MosaicML users add transforms). Iteration then reads every sample through
+        `self[i]`, and batches are stacked from those samples, never gathered raw."""
+        cls = type(self)
+        return (self.transform is not None or cls.__getitem__ is not StreamingDataset.__getitem__
+                or cls.get_item is not StreamingDataset.get_item)
+
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        custom = self.transforms_samples()
         for shards, local, prefetcher in self._epoch_batches():
             t0 = time.perf_counter()
-            for shard, index in zip(shards.tolist(), local.tolist(), strict=True):
-                yield self._reader(shard, prefetcher).get(index)
+            if custom:
+                yield from (self[i] for i in (self._shard_base[shards] + local).tolist())
+            else:
+                for shard, index in zip(shards.tolist(), local.tolist(), strict=True):
+                    yield self._reader(shard, prefetcher).get(index)
             self.stage_times.decode += time.perf_counter() - t0
 
     def iter_batches(self) -> Iterator[dict[str, Any]]:
         """Whole per-device batches: fixed-size columns stacked into arrays, others as lists."""
+        custom = self.transforms_samples()
         for shards, local, prefetcher in self._epoch_batches():
             t0 = time.perf_counter()
-            yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local, addresses=self._rows)
+            if custom:
+                yield stack_samples([self[i] for i in (self._shard_base[shards] + local).tolist()])
+            else:
+                yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local, addresses=self._rows)
             self.stage_times.decode += time.perf_counter() - t0
 
     def iter_batch_groups(self, group: int, refs: bool, ring: SlotRing | None = None,

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
+from torch.utils.data import default_collate
 
 from tessera.shards.encodings import FixedEncoding, lookup_encoding
 from tessera.shards.index import ShardEntry
@@ -147,6 +149,29 @@ def gather(reader: Callable[[int], ShardReader], shards: np.ndarray, rows: np.nd
         out = {name: OUTPUTS.empty((len(shards), *shape), dtype) for name, dtype, shape in layout}
     book.copy(shards, rows, out)
     del held
+    return out
+
+
+def stack_samples(samples: list[Any]) -> Any:
+    """A batch from whole samples (what a transform made of them): per column, tensors of one shape
+    stacked into a tensor, numeric arrays or numbers of one shape into an array, anything else a list,
+    as `gather` gives raw batches. Samples that are not dicts (a transform's tuples) go through torch's
+    default collate."""
+    if not samples or not isinstance(samples[0], dict):
+        return default_collate(samples)
+    out: dict[str, Any] = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        first = values[0]
+        if isinstance(first, torch.Tensor) and all(isinstance(v, torch.Tensor) and v.shape == first.shape
+                                                   for v in values):
+            out[key] = torch.stack(values)
+            continue
+        arrays = [np.asarray(v) for v in values] if isinstance(first, (np.ndarray, np.generic, int, float)) else []
+        if arrays and arrays[0].dtype.kind in "biuf" and all(a.shape == arrays[0].shape for a in arrays):
+            out[key] = np.stack(arrays)
+        else:
+            out[key] = values
     return out
 
 

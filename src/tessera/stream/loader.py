@@ -170,9 +170,10 @@ def _regroup(items: Iterator[list[Any]], group: int) -> Iterator[list[Any]]:
 
 def _refs_possible(dataset: StreamingDataset, batch_path: bool) -> bool:
     """Only fixed-size columns, and the reading method the loader would call is not overridden (a
-    subclass transforming samples in `__iter__` or batches in `iter_batches` must see them)."""
+    subclass transforming samples in `__iter__`, batches in `iter_batches`, or samples in `__getitem__` /
+    `get_item` / `transform=` must see them)."""
     method = "iter_batches" if batch_path else "__iter__"
-    if getattr(type(dataset), method) is not getattr(StreamingDataset, method):
+    if getattr(type(dataset), method) is not getattr(StreamingDataset, method) or dataset.transforms_samples():
         return False
     return all(all_fixed_size(st.entries[:1], dataset.columns) for st in dataset.streams)
 
