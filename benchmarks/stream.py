@@ -684,13 +684,16 @@ def report(results: dict[str, Any], args: argparse.Namespace) -> None:
     for section in ("local", "remote", "memory_runs"):
         for wl, rows in results.get(section, {}).items():
             mem_rows += [[wl, section, r["lib"], r["path"], r.get("workers_seen"), r.get("peak_rss_mb"),
-                          r.get("peak_anon_mb"), r.get("peak_uss_mb")] for r in rows if "peak_rss_mb" in r]
+                          r.get("peak_anon_mb"), r.get("peak_uss_mb"), r.get("tree_anon_mb"), r.get("tree_file_mb"),
+                          r.get("tree_shmem_mb")] for r in rows if "peak_rss_mb" in r]
     if mem_rows:
         W.print_table(f"Peak memory per DataLoader worker, max over the {WORKERS} workers (RSS = VmHWM: includes "
                       "pages shared with the parent and mapped shard files; anon = RssAnon: heap and buffers; "
-                      "USS = private, includes mapped file pages only this worker touched)",
+                      "USS = private, includes mapped file pages only this worker touched); then the whole process "
+                      "tree's peak of anonymous, file-backed (mapped shards, page cache of read files) and "
+                      "shared-memory (/dev/shm, shared slots) resident pages, summed over its processes",
                       ["workload", "run", "library", "path", "workers", "peak RSS MB", "peak anon MB",
-                       "peak USS MB"], mem_rows)
+                       "peak USS MB", "tree anon MB", "tree file MB", "tree shmem MB"], mem_rows)
     if "plan_memory" in results:
         W.print_table("Epoch-plan memory (fresh process; 64 lanes, 2,000 samples a shard)",
                       ["planner", "samples", "shards", "seconds", "tracemalloc peak MB", "RSS growth MB",

@@ -235,7 +235,7 @@ def _proc_status(pid: int) -> dict[str, int]:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 key, _, value = line.partition(":")
-                if key in ("VmHWM", "VmRSS", "RssAnon"):
+                if key in ("VmHWM", "VmRSS", "RssAnon", "RssFile", "RssShmem"):
                     out[key] = int(value.split()[0]) * 1024
         with open(f"/proc/{pid}/smaps_rollup") as f:
             uss = 0
@@ -285,13 +285,38 @@ def child_pids(exclude: Iterable[int] = ()) -> list[int]:
     return found
 
 
+def tree_pids() -> list[int]:
+    """This process and all its descendants (DataLoader workers, forkservers, helpers)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+                parent[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                continue
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], [os.getpid()]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
 class WorkerMemory:
-    """Samples peak RSS (VmHWM) and peak private memory (USS) of this process's Python children."""
+    """Samples peak RSS (VmHWM) and peak private memory (USS) of this process's Python children, and the
+    peak over time of the whole process tree's anonymous, file-backed and shared-memory resident pages
+    (each summed over the tree at one instant: what the tree holds at once)."""
 
     def __init__(self, exclude: Iterable[int] = (), interval: float = 0.1) -> None:
         self.exclude = set(exclude)
         self.interval = interval
         self.peaks: dict[int, dict[str, int]] = {}
+        self.tree: dict[str, int] = {}  # peak over samples of the tree's sums: RssAnon, RssFile, RssShmem
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -308,6 +333,13 @@ class WorkerMemory:
             peak = self.peaks.setdefault(pid, {})
             for key, value in now.items():
                 peak[key] = max(peak.get(key, 0), value)
+        sums: dict[str, int] = {}
+        for pid in tree_pids():
+            for key, value in _proc_status(pid).items():
+                if key in ("RssAnon", "RssFile", "RssShmem"):
+                    sums[key] = sums.get(key, 0) + value
+        for key, value in sums.items():
+            self.tree[key] = max(self.tree.get(key, 0), value)
 
     def __enter__(self) -> WorkerMemory:
         self._thread.start()
@@ -321,10 +353,12 @@ class WorkerMemory:
         """Max over workers of peak RSS (VmHWM: includes pages shared with the parent and mapped shard files),
         of peak anonymous memory (RssAnon: heap, buffers) and of peak private memory (USS: includes mapped
         file pages only this worker touched), in MB."""
+        tree = {"tree_anon_mb": self.tree.get("RssAnon", 0) / 1e6, "tree_file_mb": self.tree.get("RssFile", 0) / 1e6,
+                "tree_shmem_mb": self.tree.get("RssShmem", 0) / 1e6}
         if not self.peaks:
-            return {"workers_seen": 0, "peak_rss_mb": 0.0, "peak_anon_mb": 0.0, "peak_uss_mb": 0.0}
+            return {"workers_seen": 0, "peak_rss_mb": 0.0, "peak_anon_mb": 0.0, "peak_uss_mb": 0.0, **tree}
         peaks = self.peaks.values()
-        return {"workers_seen": len(self.peaks), "peak_rss_mb": max(p.get("VmHWM", 0) for p in peaks) / 1e6,
+        return {**tree, "workers_seen": len(self.peaks), "peak_rss_mb": max(p.get("VmHWM", 0) for p in peaks) / 1e6,
                 "peak_anon_mb": max(p.get("RssAnon", 0) for p in peaks) / 1e6,
                 "peak_uss_mb": max(p.get("USS", 0) for p in peaks) / 1e6}
 
