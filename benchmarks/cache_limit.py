@@ -133,7 +133,11 @@ def run_child(env: S.Env, spec: dict[str, Any], attempts: int = 2) -> dict[str, 
     for _ in range(attempts):
         cache = env.cache()
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps({**spec, "cache": str(cache)})]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:  # a library that stops making progress (no batch comes) is stopped past the cap
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=spec["time_cap"] + 120)
+        except subprocess.TimeoutExpired:
+            W.rm(cache)
+            return {"error": f"no progress: stopped after {spec['time_cap'] + 120:.0f} s (hung)"}
         W.rm(cache)
         os.sync()
         W.mosaic().clean_stale_shared_memory()

@@ -71,6 +71,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a first batch")
     ap.add_argument("--work", default=None, help="data folder (kept and reused); default: temp, removed")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -98,10 +99,16 @@ def main() -> None:
                 for _ in range(args.repeat):
                     cache = env.cache()
                     spec = {"lib": lib, "url": urls[lib], "shuffle": shuffle, "cache": str(cache)}
-                    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                                          text=True)
-                    W.rm(cache)
-                    W.mosaic().clean_stale_shared_memory()
+                    try:
+                        proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)],
+                                              capture_output=True, text=True, timeout=args.timeout)
+                    except subprocess.TimeoutExpired:
+                        print(f"  {lib} shuffle={shuffle}: no first batch in {args.timeout:.0f} s", file=sys.stderr)
+                        times.append(float("inf"))
+                        continue
+                    finally:
+                        W.rm(cache)
+                        W.mosaic().clean_stale_shared_memory()
                     if proc.returncode == 0:
                         times.append(json.loads(proc.stdout.strip().splitlines()[-1])["first_batch_s"])
                     else:
@@ -120,7 +127,7 @@ def main() -> None:
     print("| library | shuffle | first batch (s) | runs |")
     print("|---|---|---|---|")
     for r in rows:
-        med = f"{r['median_s']:.3f}" if r["median_s"] is not None else "failed"
+        med = f"{r['median_s']:.3f}" if r["median_s"] is not None else "failed"  # inf: none within --timeout
         print(f"| {r['lib']} | {r['shuffle']} | {med} | {', '.join(f'{t:.2f}' for t in r['runs'])} |")
     W.dump_json({"benchmark": "first_batch", "scale": args.scale, "samples": n, "shards": shards,
                  "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "rows": rows})
