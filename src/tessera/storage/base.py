@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator, Sequence
+import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -49,6 +50,16 @@ class Store(abc.ABC):
     def get_range_buffer(self, key: str, start: int, end: int) -> Data:
         """Like get_range, but may return a zero-copy buffer (for pwrite into a file)."""
         return self.get_range(key, start, end)
+
+    def write_range(self, key: str, start: int, end: int, fd: int,
+                    progress: Callable[[int], object] | None = None) -> int:
+        """Bytes [start, end) of the object written at the same offsets of file `fd`; the count received.
+        Object stores stream it (see ObjectStore.write_range): memory stays O(chunk), not O(range)."""
+        data = self.get_range_buffer(key, start, end)
+        os.pwrite(fd, data, start)
+        if progress:
+            progress(len(memoryview(data)))
+        return len(memoryview(data))
 
     @abc.abstractmethod
     def put(self, key: str, data: Data) -> None: ...

@@ -85,11 +85,7 @@ def _fetch_into(store: Store, key: str, fd: int, size: int, progress: Progress, 
         return len(data)
 
     def one(start: int) -> int:
-        data = store.get_range_buffer(key, start, min(start + chunk, size))
-        os.pwrite(fd, data, start)
-        if progress:
-            progress(len(data))
-        return len(memoryview(data))
+        return store.write_range(key, start, min(start + chunk, size), fd, progress)
 
     chunk = max(MIN_PART, min(CHUNK, -(-size // concurrency)))
     with ThreadPoolExecutor(max_workers=concurrency) as pool:

@@ -32,6 +32,7 @@ T = TypeVar("T")
 # obstore names its runtime threads "tokio-rt-worker"; tokio's default is "tokio-runtime-worker".
 _RUNTIME_THREAD_PREFIX = "tokio-"
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_M_ARENA_MAX = -8  # malloc.h
 
 
 def can_fork() -> bool:
@@ -79,6 +80,19 @@ def die_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() == 1:  # the parent died before prctl: nobody would send the signal any more
         os._exit(1)
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """In a reader process: at most `arenas` glibc malloc arenas. Download threads (the prefetcher's and
+    obstore's runtime) each got an arena of their own, whose freed buffers glibc keeps: ~75 MB more
+    anonymous memory per DataLoader worker than MosaicML's workers (issue 12). No-op off glibc."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mallopt(_M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return
 
 
 def call_outside_runtime(fn: Callable[[], T]) -> T:

@@ -42,7 +42,7 @@ from tessera.shards.encodings import lookup_encoding
 from tessera.storage.fork_gate import fork_gate
 from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
-from tessera.stream.forksafe import die_with_parent, fork_is_clean
+from tessera.stream.forksafe import die_with_parent, fork_is_clean, limit_malloc_arenas
 from tessera.stream.gather import REF_GROUP, all_fixed_size
 from tessera.stream.slots import FILLED, FREE, SlotRing, slot_bytes
 from tessera.stream.state import StageTimes
@@ -106,8 +106,10 @@ def _start_worker_iteration(dataset: StreamingDataset, shared: _IterationState |
 
 
 def _worker_start(user_init: Callable[[int], Any] | None, worker_id: int) -> None:
-    """Every worker first ties its life to the training process's (forksafe.die_with_parent)."""
+    """Every worker first ties its life to the training process's (forksafe.die_with_parent) and caps its
+    malloc arenas (forksafe.limit_malloc_arenas), before its download threads start."""
     die_with_parent()
+    limit_malloc_arenas()
     if user_init is not None:
         user_init(worker_id)
 
