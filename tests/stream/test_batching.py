@@ -65,7 +65,7 @@ def test_stratified_batches_hold_fixed_counts_and_cover_each_stream(shuffle: boo
         sched = plans.schedule("stratified", epoch, G)
         g = sched.counts
         assert g.sum() == G and (g >= 1).all()
-        assert sched.total_batches == min(-(-n // c) for n, c in zip(sched.lengths, g, strict=True))
+        assert sched.total_batches == min(n // c for n, c in zip(sched.lengths, g, strict=True))  # as MosaicML
         served = [Counter() for _ in plans.streams]
         for t in range(sched.num_batches):
             ids = sched.global_batch(t)
@@ -77,9 +77,9 @@ def test_stratified_batches_hold_fixed_counts_and_cover_each_stream(shuffle: boo
         for si, plan in enumerate(sched.epoch_plans):
             n, nb = len(plan), sched.total_batches * g[si]
             seq = plan.samples_at(np.arange(n)) + plans.sample_base[si]
-            # S_s[0 : batches*g_s], wrapping around (padding) or leaving a tail (dropped), as documented.
-            assert served[si] == Counter(seq[np.arange(nb) % n].tolist())
-            assert sched.padding[si] == max(0, nb - n) and sched.dropped[si] == max(0, n - nb)
+            # S_s[0 : batches*g_s], leaving a tail (dropped), as documented: only whole batch parts.
+            assert nb <= n and served[si] == Counter(seq[:nb].tolist())
+            assert sched.padding[si] == 0 and sched.dropped[si] == n - nb
         # Stream 0 is taken whole: S_0 holds each of its samples once (plus < lanes lane padding).
         s0 = sched.epoch_plans[0].samples_at(np.arange(len(sched.epoch_plans[0])))
         assert set(s0.tolist()) == set(range(105)) and len(s0) - 105 < 4
@@ -100,7 +100,7 @@ def test_stratified_global_batches_are_the_same_set_for_every_layout() -> None:
 def test_per_stream_batches_come_from_one_stream_in_proportion() -> None:
     plans = run_plans()
     sched = plans.schedule("per_stream", 0, G)
-    assert sched.stream_batches == [-(-int(n) // G) for n in sched.lengths]
+    assert sched.stream_batches == [int(n) // G for n in sched.lengths]  # whole batches only, as MosaicML
     order = []
     for t in range(sched.num_batches):
         s = set(stream_of(plans, sched.global_batch(t)).tolist())
@@ -114,7 +114,7 @@ def test_per_stream_batches_come_from_one_stream_in_proportion() -> None:
     for t, s in enumerate(order):
         seen[s] += 1
         assert (np.abs(seen - (t + 1) * share) <= 1.5).all()
-    # Batch k of stream s is S_s[k*G : (k+1)*G] (wrapped): each stream's weighted samples once plus padding.
+    # Batch k of stream s is S_s[k*G : (k+1)*G]: each stream's weighted samples at most once, its tail left out.
     for si, plan in enumerate(sched.epoch_plans):
         got = Counter(i for t in range(sched.num_batches) if order[t] == si for i in sched.global_batch(t).tolist())
         n = len(plan)

@@ -10,14 +10,14 @@ shuffled alike. Each S_s is lazy (O(shards of s) memory); streams with ``c_s = 0
 "stratified": every global batch holds ``g_s`` samples of stream s, ``g_s`` being G * c_s / sum(c) rounded
 by largest remainder (ties to the lower stream index) to integers >= 1 that sum to G (error if G is
 smaller than the number of contributing streams). Global batch t is the concatenation, in stream order, of
-``S_s[t*g_s : (t+1)*g_s]``. An epoch has ``min_s ceil(len(S_s) / g_s)`` global batches: positions past
-the end of a short S_s wrap around to its start (``padding``), and streams whose S_s is longer than
-``batches * g_s`` leave their tail unserved in that epoch (``dropped``; the tail is a different random
-subset every epoch when shuffled). Both are counted per stream by `StratifiedSchedule`.
+``S_s[t*g_s : (t+1)*g_s]``. An epoch has ``min_s floor(len(S_s) / g_s)`` global batches, as MosaicML's
+(only whole batch parts): streams whose S_s is longer than ``batches * g_s`` leave their tail unserved in
+that epoch (``dropped``, counted per stream by `StratifiedSchedule`; a different random subset every epoch
+when shuffled).
 
-"per_stream": every global batch comes from one stream. Stream s contributes ``B_s = ceil(len(S_s) / G)``
-batches, its k-th being ``S_s[k*G : (k+1)*G]`` (the last wrapping around to the start of S_s, as with
-"random"). The batches of all streams are merged by the fractional position ``(k + 0.5) / B_s`` of batch k
+"per_stream": every global batch comes from one stream. Stream s contributes ``B_s = floor(len(S_s) / G)``
+batches, as MosaicML's (only whole batches; the rest of S_s is left out of the epoch), its k-th being
+``S_s[k*G : (k+1)*G]``. The batches of all streams are merged by the fractional position ``(k + 0.5) / B_s`` of batch k
 of stream s, ascending, ties to the lower stream index: streams are spread evenly over the epoch. Batch t
 of the merge is found in O(streams^2 log batches) (a binary search per stream), so resume never walks the
 epoch; consecutive batches then come from a small heap merge.
@@ -216,7 +216,7 @@ class StratifiedSchedule(StreamSchedule):
     def _total_batches(self) -> int:
         self.counts = stratified_counts(self.plans.choose, self.global_batch_size)
         self.offsets = np.concatenate([[0], np.cumsum(self.counts)]).astype(np.int64)
-        return int(min(-(-n // g) for n, g in zip(self.lengths.tolist(), self.counts.tolist(), strict=True)))
+        return int(min(n // g for n, g in zip(self.lengths.tolist(), self.counts.tolist(), strict=True)))
 
     @property
     def padding(self) -> np.ndarray:
@@ -246,7 +246,7 @@ class PerStreamSchedule(StreamSchedule):
 
     def _total_batches(self) -> int:
         G = self.global_batch_size
-        self.stream_batches = [-(-int(n) // G) for n in self.lengths.tolist()]
+        self.stream_batches = [int(n) // G for n in self.lengths.tolist()]
         return sum(self.stream_batches)
 
     def _before(self, s: int, k: int) -> list[int]:
