@@ -58,8 +58,7 @@ from tessera.stream.world import World
 
 # Shards kept memory-mapped (and pinned) per reader process. A shuffle block spans many shards, so this
 # must cover them all or samples re-open shards; an mmap and a lock fd per shard cost little. Under a
-# cache_limit a reader keeps at most cache_limit // largest shard - 1 open (pinned shards cannot be
-# evicted), leaving room for the next download.
+# cache_limit a reader keeps fewer open: its share of what fits (`_open_limit`).
 OPEN_READERS = 256
 
 
