@@ -4,11 +4,11 @@ and the few collectives the trainer needs.
     dist_env = init_distributed()               # from torchrun's or Slurm's variables; no-op for 1 process
     model = parallelize(model, "ddp", device)   # DDP, FSDP2 (`fully_shard`) or nothing
 
-Rank variables come from torchrun (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT) or,
-in a task started by `srun` with one task per device, from Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID,
-SLURM_NTASKS_PER_NODE, the first host of SLURM_NODELIST as the master). A plain `python train.py` in an
-salloc shell or batch script is one process, whatever SLURM_NTASKS says. `init_distributed` writes the
-torchrun names back into the environment, so `tessera.stream` and user code see one consistent world.
+Who is in the job is decided by `tessera.stream.world` alone (its docstring has the order): torchrun's
+variables, else Slurm's in a task started by `srun` with one task per device (the first host of
+SLURM_JOB_NODELIST as the master), else one process; a plain `python train.py` in an salloc shell or batch
+script is one process, whatever SLURM_NTASKS says. `init_distributed` writes the torchrun names back
+into the environment, so user code and the processes it starts see the same world without Slurm's rules.
 The backend is nccl when the trainer runs on CUDA, gloo otherwise.
 """
 
@@ -17,14 +17,15 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import re
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-DEFAULT_PORT = 29500
+# The world is read in one place, the stream layer's (the lowest that needs it); first_host is re-exported.
+from tessera.stream.world import DEFAULT_PORT, rendezvous, resolve_world
+from tessera.stream.world import first_host as first_host
 
 
 @dataclass(frozen=True)
@@ -43,68 +44,19 @@ class DistEnv:
         return self.rank == 0
 
 
-def _int_env(names: Sequence[str], default: int) -> int:
-    for name in names:
-        value = os.environ.get(name, "")
-        if value:
-            match = re.match(r"^\s*(\d+)", value)  # Slurm writes counts such as "4(x2)"
-            if match is None:
-                raise ValueError(f"environment variable {name}={value!r} is not an integer")
-            return int(match[1])
-    return default
-
-
-def first_host(nodelist: str) -> str:
-    """The first host of a Slurm node list: "gpu[07-09,12],cpu3" -> "gpu07", "r[1-2]-n[3-4]" -> "r1-n3"."""
-    depth, end = 0, len(nodelist)
-    for i, ch in enumerate(nodelist):
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            end = i
-            break
-    first = nodelist[:end].strip()
-    # Within each bracket group the first item's first value: "07-09,12" -> "07".
-    host = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m[1])[0], first)
-    if not host:
-        raise ValueError(f"cannot read a host name from the Slurm node list {nodelist!r}")
-    return host
-
-
-def slurm_master_port(env: Mapping[str, str] | None = None) -> int:
-    """A port shared by every task of a Slurm job and unlikely to collide with other jobs on the node."""
-    job = (os.environ if env is None else env).get("SLURM_JOB_ID", "")
-    return 20000 + int(job) % 20000 if job.isdigit() else DEFAULT_PORT
-
-
-def in_slurm_step() -> bool:
-    """Whether this process is a task started by `srun` (not a shell or batch script in an allocation,
-    where SLURM_NTASKS describes the allocation, not this process)."""
-    return bool(os.environ.get("SLURM_STEP_ID") or os.environ.get("SLURM_STEPID"))
-
-
 def env_from_environ() -> DistEnv:
-    """Ranks from torchrun's variables, else Slurm's (inside an srun step), else a single process."""
-    slurm = in_slurm_step()
-    world = _int_env(["WORLD_SIZE"] + ["SLURM_NTASKS"] * slurm, 1)
-    rank = _int_env(["RANK"] + ["SLURM_PROCID"] * slurm, 0)
-    nodes = _int_env(["SLURM_JOB_NUM_NODES", "SLURM_NNODES"], 1) if slurm else 1
-    local_world = (_int_env(["LOCAL_WORLD_SIZE"] + ["SLURM_NTASKS_PER_NODE"] * slurm, 0)
-                   or max(1, world // max(1, nodes)))
-    local_rank = _int_env(["LOCAL_RANK"] + ["SLURM_LOCALID"] * slurm, rank % local_world)
-    nodelist = (os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST") or "") if slurm else ""
-    addr = os.environ.get("MASTER_ADDR") or (first_host(nodelist) if nodelist else "127.0.0.1")
-    port = _int_env(["MASTER_PORT"], 0) or (slurm_master_port() if nodelist else DEFAULT_PORT)
-    if not 0 <= rank < world:
-        raise ValueError(f"rank {rank} is outside world size {world}; check RANK/WORLD_SIZE (or SLURM_PROCID/"
-                         f"SLURM_NTASKS)")
-    return DistEnv(rank, world, local_rank, local_world, addr, port)
+    """This process's ranks as `tessera.stream.world` decides them (torchrun's variables, else Slurm's
+    inside an srun step, else a single process), with the rendezvous address and port."""
+    world = resolve_world()
+    addr, port = rendezvous()
+    return DistEnv(world.rank, world.world_size, world.local_rank, world.local_world_size, addr, port)
 
 
 def current_env() -> DistEnv:
     """The running process group's ranks if there is one, else what the environment says (no side effects)."""
     if dist.is_available() and dist.is_initialized():
-        return DistEnv(dist.get_rank(), dist.get_world_size(), _int_env(["LOCAL_RANK"], 0),
-                       _int_env(["LOCAL_WORLD_SIZE"], 1))
+        world = resolve_world(rank=dist.get_rank(), world_size=dist.get_world_size())
+        return DistEnv(world.rank, world.world_size, world.local_rank, world.local_world_size)
     return env_from_environ()
 
 
@@ -125,11 +77,9 @@ def init_distributed(device: torch.device | None = None, timeout_seconds: float 
         return env
     if env.world_size == 1:
         if "SLURM_NTASKS" in os.environ and "WORLD_SIZE" not in os.environ:
-            os.environ.update(RANK="0", WORLD_SIZE="1")  # so tessera.stream does not read the allocation's
+            os.environ.update(RANK="0", WORLD_SIZE="1")  # for user code that reads SLURM_NTASKS as a world
         return env
-    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
-                      LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=env.master_addr,
-                      MASTER_PORT=str(env.master_port))
+    export_env(env)
     device = device or default_device(env)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -137,6 +87,14 @@ def init_distributed(device: torch.device | None = None, timeout_seconds: float 
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=timeout_seconds))
     return env
+
+
+def export_env(env: DistEnv) -> None:
+    """Write `env` under torchrun's names into this process's environment (what `init_process_group`'s
+    env:// rendezvous and the processes started from here read)."""
+    os.environ.update(RANK=str(env.rank), WORLD_SIZE=str(env.world_size), LOCAL_RANK=str(env.local_rank),
+                      LOCAL_WORLD_SIZE=str(env.local_world_size), MASTER_ADDR=env.master_addr,
+                      MASTER_PORT=str(env.master_port))
 
 
 def is_distributed() -> bool:

@@ -8,7 +8,8 @@ Under Slurm, with one launcher task per node, what is not given on the command l
 the first host of SLURM_JOB_NODELIST, --master-port from the job id (the same on every node), and -n
 from SLURM_GPUS_ON_NODE when unset. Without Slurm and one node, torchrun runs `--standalone` (it picks a
 free port itself). If srun starts one task per device instead, don't use a launcher at all: the
-trainer reads SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID directly (`tessera.train.distributed`).
+trainer reads SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID directly. Both readings are
+`tessera.stream.world`'s, the one module that parses the job's variables.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tessera.train.distributed import DEFAULT_PORT, first_host, slurm_master_port
+from tessera.stream.world import DEFAULT_PORT, slurm_job
 
 
 @dataclass(frozen=True)
@@ -41,29 +42,20 @@ class LaunchPlan:
         return [*args, script, *script_args]
 
 
-def _slurm_int(env: Mapping[str, str], *names: str) -> int | None:
-    for name in names:
-        value = env.get(name, "").split("(")[0].strip()  # "4(x2)" -> 4
-        if value.isdigit():
-            return int(value)
-    return None
-
-
 def plan_launch(nproc_per_node: int | None = None, nnodes: int | None = None, node_rank: int | None = None,
                 master_addr: str | None = None, master_port: int | None = None,
                 env: Mapping[str, str] | None = None) -> LaunchPlan:
-    """Fill what the command line left out from Slurm's variables (if any), then from defaults."""
-    env = os.environ if env is None else env
-    in_slurm = "SLURM_JOB_ID" in env
-    if in_slurm:
-        nnodes = nnodes or _slurm_int(env, "SLURM_JOB_NUM_NODES", "SLURM_NNODES")
-        node_rank = node_rank if node_rank is not None else _slurm_int(env, "SLURM_NODEID")
-        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-        if master_addr is None and nodelist and (nnodes or 1) > 1:
-            master_addr = first_host(nodelist)
+    """Fill what the command line left out from Slurm's job (`tessera.stream.world.slurm_job`), if any,
+    then from defaults."""
+    job = slurm_job(os.environ if env is None else env)
+    if job is not None:
+        nnodes = nnodes or job.nodes
+        node_rank = node_rank if node_rank is not None else job.node_id
+        if master_addr is None and (nnodes or 1) > 1:
+            master_addr = job.master_host
         if master_port is None and (nnodes or 1) > 1:
-            master_port = slurm_master_port(env)
-        nproc_per_node = nproc_per_node or _slurm_int(env, "SLURM_GPUS_ON_NODE", "SLURM_GPUS_PER_NODE")
+            master_port = job.master_port
+        nproc_per_node = nproc_per_node or job.gpus_on_node
     if nproc_per_node is None:
         try:
             import torch
