@@ -141,6 +141,8 @@ def verify(url: str, split: str = typer.Option(None), quick: bool = typer.Option
         task = bar.add_task("verifying shards", total=None)
         report = verify_dataset(url, split, decode=not quick, allow_unsafe_types=allow_unsafe_types,
                                 progress=lambda done, total: bar.update(task, completed=done, total=total))
+    if report.index_error is not None:
+        fail(report.index_error)
     for problem in report.problems:  # one line each (no wrapping), brackets kept (no markup)
         err.print(f"[red]problem:[/red] {escape(problem)}", soft_wrap=True)
     if not report.ok:

@@ -7,6 +7,11 @@ readers ignore unknown keys (we keep them in `DatasetIndex.extensions` so a rewr
 Basenames come from untrusted data and are joined to a local root, so absolute ones and ones that climb
 out of the root are refused here, before any path is built.
 
+Every number is bounded (`MAX_SAMPLES`, `MAX_BYTES`, `MAX_COLUMN_SIZE`) and every hash name must be one we
+can compute: an index from someone's bucket is untrusted input, and `samples: 2**63` would otherwise pass
+here and overflow numpy's int64 in the epoch plan, an unknown hash only fail deep in a verify. JSON nested
+past the interpreter's recursion limit is an IndexFormatError too, not a RecursionError.
+
 Entries that are each well-formed can still disagree as a whole, and every reader would then serve
 wrong data without a word: a file listed by two entries (its samples come twice), or `samples: 0` on a
 file that holds samples (they are never read). Those are refused at load too (`inconsistencies`).
@@ -22,6 +27,7 @@ from typing import Any
 
 from tessera.shards.compression import parse_compression
 from tessera.shards.errors import IndexFormatError, PathTraversal
+from tessera.shards.hashing import is_hash
 
 INDEX_BASENAME = "index.json"
 
@@ -37,6 +43,12 @@ ENTRY_KEYS: dict[str, frozenset[str]] = {
     "xsv": _SPLIT_KEYS | {"column_encodings", "column_names", "separator"},
 }
 _FILE_KEYS = ("raw_data", "zip_data", "raw_meta", "zip_meta")
+
+MAX_SAMPLES = 2**40  # per shard: far above any real shard, far below what int64 sums of shards overflow at
+MAX_BYTES = 2**40  # per file and for size_limit (1 TiB); a shard is read whole into the cache
+MAX_COLUMN_SIZE = 2**32  # a fixed-size column's bytes per sample
+MAX_TOTAL_SAMPLES = 2**62  # the whole index: sample ids and their arithmetic stay inside int64
+MAX_DIGEST = 1024  # characters of one recorded digest (sha512 is 128 hex digits)
 
 
 def check_basename(basename: Any, file: str, shard: int | None = None) -> str:
@@ -68,6 +80,31 @@ def _fail(file: str, shard: int | None, detail: str) -> IndexFormatError:
     return IndexFormatError(file, detail, shard)
 
 
+def _count(value: Any, limit: int, file: str, shard: int | None, key: str) -> int:
+    """`value` if it is an integer in 0..limit (not a bool, not a float), else the error naming `key`."""
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= limit:
+        raise _fail(file, shard, f"{key} must be an integer from 0 to {limit}, got {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    """`repr(value)` cut to a readable length (a hostile index can hold megabytes in one value)."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _hash_names(names: Any, file: str, shard: int | None, key: str) -> list[str]:
+    """Hash algorithm names we can compute; an unknown one is refused here rather than deep in a verify."""
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise _fail(file, shard, f"{key} must be a list of hash algorithm names, got {_short(names)}")
+    unknown = [name for name in names if not is_hash(name)]
+    if unknown:
+        raise _fail(file, shard, f"{key} names unknown hash algorithm(s) {_short(unknown)}; supported: "
+                    "blake2b, blake2s, md5, sha1, sha224, sha256, sha384, sha512, sha3_*, xxh32, xxh64, "
+                    "xxh128, xxh3_64, xxh3_128")
+    return list(names)
+
+
 @dataclass(frozen=True)
 class FileInfo:
     """One stored file of a shard: `{"basename", "bytes", "hashes"}` exactly."""
@@ -84,11 +121,11 @@ class FileInfo:
         if not isinstance(obj, dict) or set(obj) != _FILE_INFO_KEYS:
             keys = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
             raise _fail(file, shard, f"{key} must have exactly the keys basename, bytes, hashes; got {keys}")
-        size, hashes = obj["bytes"], obj["hashes"]
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise _fail(file, shard, f"{key}.bytes must be a non-negative integer, got {size!r}")
-        if not isinstance(hashes, dict) or not all(isinstance(v, str) for v in hashes.values()):
+        size, hashes = _count(obj["bytes"], MAX_BYTES, file, shard, f"{key}.bytes"), obj["hashes"]
+        if not isinstance(hashes, dict) or not all(isinstance(v, str) and len(v) <= MAX_DIGEST
+                                                   for v in hashes.values()):
             raise _fail(file, shard, f"{key}.hashes must map algorithm names to hex digests")
+        _hash_names(list(hashes), file, shard, f"{key}.hashes")
         return cls(check_basename(obj["basename"], file, shard), size, dict(hashes))
 
 
@@ -169,17 +206,20 @@ class ShardEntry:
         if not isinstance(obj, dict):
             raise _fail(file, shard, f"shard entry must be an object, got {type(obj).__name__}")
         fmt = obj.get("format")
-        if fmt not in ENTRY_KEYS:
-            raise _fail(file, shard, f"unknown shard format {fmt!r}; expected one of {sorted(ENTRY_KEYS)}")
+        if not isinstance(fmt, str) or fmt not in ENTRY_KEYS:
+            raise _fail(file, shard, f"unknown shard format {_short(fmt)}; expected one of {sorted(ENTRY_KEYS)}")
         missing, extra = sorted(ENTRY_KEYS[fmt] - set(obj)), sorted(set(obj) - ENTRY_KEYS[fmt])
         if missing or extra:
             raise _fail(file, shard, f"{fmt} shard entry has missing keys {missing} and extra keys {extra}; "
                         "MDS readers need exactly its keys (put extensions at the top level of index.json)")
         if obj["version"] != 2:
-            raise _fail(file, shard, f"unsupported version {obj['version']!r} (expected 2)")
-        samples = obj["samples"]
-        if not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
-            raise _fail(file, shard, f"samples must be a non-negative integer, got {samples!r}")
+            raise _fail(file, shard, f"unsupported version {_short(obj['version'])} (expected 2)")
+        samples = _count(obj["samples"], MAX_SAMPLES, file, shard, "samples")
+        if obj["compression"] is not None and not isinstance(obj["compression"], str):
+            raise _fail(file, shard, f"compression must be a string or null, got {_short(obj['compression'])}")
+        for key in ("newline", "separator"):
+            if not isinstance(obj.get(key), str | None):
+                raise _fail(file, shard, f"{key} must be a string or null, got {_short(obj[key])}")
         try:
             parse_compression(obj["compression"])
         except ValueError as err:
@@ -191,11 +231,10 @@ class ShardEntry:
         if bool(obj["compression"]) != (files["zip_data"] is not None):
             raise _fail(file, shard, "zip_data must be given exactly when compression is set")
         names, encodings, sizes = _columns(obj, fmt, file, shard)
-        hashes, size_limit = obj["hashes"], obj["size_limit"]
-        if not isinstance(hashes, list) or not all(isinstance(h, str) for h in hashes):
-            raise _fail(file, shard, f"hashes must be a list of algorithm names, got {hashes!r}")
-        if size_limit is not None and (not isinstance(size_limit, int) or isinstance(size_limit, bool)):
-            raise _fail(file, shard, f"size_limit must be an integer or null, got {size_limit!r}")
+        hashes = _hash_names(obj["hashes"], file, shard, "hashes")
+        size_limit = obj["size_limit"]
+        if size_limit is not None:
+            size_limit = _count(size_limit, MAX_BYTES, file, shard, "size_limit")
         return cls(format=fmt, samples=samples, raw_data=files["raw_data"], zip_data=files["zip_data"],
                    compression=obj["compression"] or None, hashes=list(hashes), size_limit=size_limit,
                    column_names=names, column_encodings=encodings, column_sizes=sizes,
@@ -213,7 +252,7 @@ def _columns(obj: dict[str, Any], fmt: str, file: str, shard: int | None) -> tup
         sizes: list[Any] = [None] * len(names)
     else:
         names, encodings = obj["column_names"], obj["column_encodings"]
-        sizes = obj["column_sizes"] if fmt == "mds" else [None] * len(names)
+        sizes = obj["column_sizes"] if fmt == "mds" else [None] * len(names) if isinstance(names, list) else None
     lists_ok = all(isinstance(x, list) for x in (names, encodings, sizes))
     if not lists_ok or not len(names) == len(encodings) == len(sizes):
         raise _fail(file, shard, "column_names, column_encodings and column_sizes must be lists of one length")
@@ -221,8 +260,9 @@ def _columns(obj: dict[str, Any], fmt: str, file: str, shard: int | None) -> tup
         raise _fail(file, shard, "column names and encodings must be strings")
     if len(set(names)) != len(names):
         raise _fail(file, shard, f"duplicate column names in {names}")
-    if not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 0) for s in sizes):
-        raise _fail(file, shard, f"column_sizes must be non-negative integers or null, got {sizes}")
+    for size in sizes:
+        if size is not None:
+            _count(size, MAX_COLUMN_SIZE, file, shard, "column_sizes")
     return list(names), list(encodings), list(sizes)
 
 
@@ -272,11 +312,15 @@ class DatasetIndex:
             obj = json.loads(text)
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise IndexFormatError(file, f"not valid JSON ({err})") from None
+        except RecursionError:
+            raise IndexFormatError(file, "JSON nested too deeply to be an index (refused)") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
             raise IndexFormatError(file, 'expected an object with a "shards" list')
         if obj.get("version") != 2:
-            raise IndexFormatError(file, f"unsupported index version {obj.get('version')!r} (expected 2)")
+            raise IndexFormatError(file, f"unsupported index version {_short(obj.get('version'))} (expected 2)")
         shards = [ShardEntry.from_json(entry, file, i) for i, entry in enumerate(obj["shards"])]
+        if sum(entry.samples for entry in shards) > MAX_TOTAL_SAMPLES:
+            raise IndexFormatError(file, f"shards' samples add up to more than {MAX_TOTAL_SAMPLES}")
         extensions = {k: v for k, v in obj.items() if k not in ("shards", "version")}
         index = cls(shards, extensions)
         problems = index.inconsistencies(file) if strict else []

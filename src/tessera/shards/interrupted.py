@@ -91,8 +91,10 @@ def interrupted_write(store: Store, found: list[str]) -> Interrupted | None:
     journal = DatasetIndex.from_json(text, store.url_for(JOURNAL_BASENAME), strict=False)
     meta = journal.extensions.get(JOURNAL_KEY)
     meta = meta if isinstance(meta, dict) else {}
-    replaced = [shard_key(obj["raw_data"]["basename"]) for obj in meta.get("replaces", [])
-                if isinstance(obj, dict) and isinstance(obj.get("raw_data"), dict)]
+    replaces = meta.get("replaces")
+    replaced = [shard_key(obj["raw_data"]["basename"]) for obj in (replaces if isinstance(replaces, list) else [])
+                if isinstance(obj, dict) and isinstance(obj.get("raw_data"), dict)
+                and isinstance(obj["raw_data"].get("basename"), str)]
     confirmed = [shard_key(e.raw_data.basename) for e in journal.shards]
     if confirmed:  # the writer numbers its shards one after another from the last confirmed one
         next_folder, next_number = _folder(confirmed[-1]), (shard_number(confirmed[-1]) or 0) + 1

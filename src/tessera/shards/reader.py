@@ -88,7 +88,7 @@ def parse_config(data: Any, start: int, end: int, label: str, shard: int | None)
     """The writer configuration JSON embedded in a shard between its header and first sample."""
     try:
         config = json.loads(bytes(data[start:end]))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the interpreter's limit
         raise CorruptShard(label, "embedded config JSON is unreadable", shard) from None
     if not isinstance(config, dict):
         raise CorruptShard(label, "embedded config is not a JSON object", shard)

@@ -101,9 +101,13 @@ def _resume(store: Store, journal: DatasetIndex) -> WriteSession:
     meta = journal.extensions.get(JOURNAL_KEY)
     if not isinstance(meta, dict) or meta.get("mode") not in ("create", "append", "overwrite"):
         raise IndexFormatError(label, f"missing or malformed {JOURNAL_KEY!r} object")
-    base = int(meta.get("base_shards", 0))
-    replaces = [ShardEntry.from_json(obj, label) for obj in meta.get("replaces", [])]
-    extensions = dict(meta.get("extensions", {}))
+    base, replaces, extensions = meta.get("base_shards", 0), meta.get("replaces", []), meta.get("extensions", {})
+    if not (isinstance(base, int) and 0 <= base <= len(journal.shards)) or not isinstance(replaces, list) \
+            or not isinstance(extensions, dict):
+        raise IndexFormatError(label, f"{JOURNAL_KEY}: base_shards must be 0..{len(journal.shards)}, replaces a "
+                               "list and extensions an object")
+    replaces = [ShardEntry.from_json(obj, label) for obj in replaces]
+    extensions = dict(extensions)
     resumed = sum(entry.samples for entry in journal.shards[base:])
     if meta.get("state") == "committing":
         # The interrupted writer had finished: redo its (idempotent) commit, then append after it.

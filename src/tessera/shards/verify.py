@@ -28,6 +28,7 @@ class VerifyReport:
     shards: int = 0
     samples: int = 0
     problems: list[str] = field(default_factory=list)
+    index_error: str | None = None  # index.json itself is unreadable: no shard could be checked
 
     @property
     def ok(self) -> bool:
@@ -103,7 +104,8 @@ def verify_dataset(url: str | Path | Store, split: str | None = None, *, decode:
     try:
         index, report.problems = _load_index(store)
     except (ShardFormatError, ShardError, StorageError) as exc:
-        report.problems.append(str(exc))
+        report.index_error = str(exc)
+        report.problems.append(report.index_error)
         return report
     report.shards, report.samples = len(index.shards), index.num_samples
     with tempfile.TemporaryDirectory(prefix="tessera-verify-") as tmp:
