@@ -10,8 +10,11 @@ out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 
-def fail(exc: Exception | str) -> None:
-    """Print `error: ...` on stderr and exit 1. The message is escaped: a URL or a list in brackets
-    (`[s3]`, `[0, 1]`) must not be eaten as rich markup."""
-    err.print(f"[red]error:[/red] {escape(str(exc))}")
-    raise typer.Exit(1)
+def fail(exc: Exception | str, *, code: int = 1, debug: bool = False) -> None:
+    """Print `error: ...` on stderr and exit `code` (2: the input is wrong, 1: it failed at run time).
+    The message is escaped: a URL or a list in brackets (`[s3]`, `[0, 1]`) must not be eaten as rich
+    markup. With `debug` the exception is raised again, so its traceback shows where it came from."""
+    if debug and isinstance(exc, Exception):
+        raise exc
+    err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # one line, however long
+    raise typer.Exit(code)

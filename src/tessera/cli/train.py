@@ -1,4 +1,9 @@
-"""`tessera train RECIPE.yaml [key.path=value ...]`: train an LLM from one YAML file."""
+"""`tessera train RECIPE.yaml [key.path=value ...]`: train an LLM from one YAML file.
+
+Bad input ends in one red line and no traceback (`--debug` shows it): exit 2 when the recipe or an
+override is wrong (the same validation `--print-config` runs), 1 when something the recipe names cannot
+be used (a missing dataset, tokenizer or bucket) or the run fails (a loss that is no longer finite).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +12,12 @@ import logging
 
 import typer
 import yaml
-from rich.console import Console
 
+from tessera.cli.console import fail
 from tessera.llm.recipe import RecipeError, load_recipe, shipped_recipes
+from tessera.shards import ShardError
+from tessera.storage import StorageError
 
-err = Console(stderr=True)
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 
 
@@ -19,18 +25,19 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
                                                  + ", ".join(shipped_recipes())),
           overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. model.n_layers=4."),
           print_config: bool = typer.Option(False, "--print-config", help="Print the merged config and exit."),
-          as_json: bool = typer.Option(False, "--json", help="With --print-config: JSON instead of YAML.")) -> None:
+          as_json: bool = typer.Option(False, "--json", help="With --print-config: JSON instead of YAML."),
+          debug: bool = typer.Option(False, "--debug", help="On an error, show the Python traceback.")) -> None:
     """Train a language model from a recipe (validated before anything starts)."""
     try:
         cfg = load_recipe(recipe, overrides or [])
     except RecipeError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc, code=2, debug=debug)
     if print_config:
         data = cfg.model_dump(mode="json")
         typer.echo(json.dumps(data, indent=2) if as_json else yaml.safe_dump(data, sort_keys=False))
         return
     from tessera.llm.train_run import train as run  # torch is imported only when training
+    from tessera.train.trainer import NonFiniteError
 
     logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s")
     logging.getLogger("tessera").setLevel(logging.INFO)  # resumption, checkpoints: what users look for
@@ -38,6 +45,7 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
     try:
         code = run(cfg)
     except RecipeError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        fail(exc, code=2, debug=debug)
+    except (ValueError, OSError, StorageError, ShardError, NonFiniteError) as exc:
+        fail(exc, code=1, debug=debug)
     raise typer.Exit(code)

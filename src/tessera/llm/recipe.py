@@ -8,14 +8,19 @@ work says which numbers clash. The typed tree below is the documentation of ever
 from __future__ import annotations
 
 import difflib
+import math
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tessera.llm.model import GPTConfig
+from tessera.storage import StorageError, parse_url
+from tessera.train.config import check_run_name
+from tessera.train.loggers import LOGGERS
+from tessera.train.time import Time, TimeUnit
 
 
 class RecipeError(ValueError):
@@ -24,6 +29,31 @@ class RecipeError(ValueError):
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def check_time(value: Any, *, allow_dur: bool = True, positive: bool = False) -> Any:
+    """A time string ("500ba", "2ep", "0.1dur") checked now, so `--print-config` and training agree."""
+    if value is None:
+        return value
+    try:
+        time = Time.parse(value)
+    except (TypeError, ValueError) as exc:  # pydantic reports ValueError only
+        raise ValueError(str(exc)) from None
+    if not allow_dur and time.unit is TimeUnit.DURATION:
+        raise ValueError(f"must be in ba, ep, sp or tok, not {time}")
+    if positive and time.value <= 0:
+        raise ValueError(f"must be positive, got {time}")
+    return value
+
+
+def check_url(value: str | None) -> str | None:
+    """A storage URL or local path whose scheme Tessera can open (no I/O: the bucket is checked later)."""
+    if value is not None:
+        try:
+            parse_url(value.replace("{run_name}", "run"))
+        except StorageError as exc:
+            raise ValueError(str(exc)) from None
+    return value
 
 
 class StreamSpec(Strict):
@@ -35,6 +65,8 @@ class StreamSpec(Strict):
     proportion: float | None = None
     repeat: float | None = None
     choose: int | None = None
+
+    _urls = field_validator("remote", "local")(check_url)
 
 
 class LoaderSpec(Strict):
@@ -67,11 +99,27 @@ class OptimizerSpec(Strict):
     eps: float = 1e-8
     weight_decay: float = 0.0
 
+    @field_validator("lr", "eps", "weight_decay")
+    @classmethod
+    def _non_negative(cls, value: float) -> float:
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"must be a finite number >= 0 (e.g. 3e-4), got {value}")
+        return value
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):  # also false for NaN
+            raise ValueError(f"each beta must be in [0, 1) (e.g. [0.9, 0.95]), got {list(value)}")
+        return value
+
 
 class SchedulerSpec(Strict):
     name: Literal["cosine_with_warmup", "linear_with_warmup", "constant_with_warmup"] = "cosine_with_warmup"
     t_warmup: str = "0ba"
     alpha_f: float = 0.1
+
+    _warmup = field_validator("t_warmup", mode="before")(check_time)
 
 
 class Recipe(Strict):
@@ -97,13 +145,49 @@ class Recipe(Strict):
     load_path: str | None = None
     loggers: list[str] = Field(default_factory=lambda: ["progress"])
     grad_clip_norm: float | None = 1.0
-    torch_threads: int | None = None
+    torch_threads: int | None = Field(default=None, ge=1)
+
+    _times = field_validator("eval_interval", "log_interval", "save_interval", mode="before")(
+        lambda v: check_time(v, positive=True))
+    _urls = field_validator("save_folder", "load_path")(check_url)
+
+    @field_validator("max_duration", mode="before")
+    @classmethod
+    def _max_duration(cls, value: Any) -> Any:
+        return check_time(value, allow_dur=False)
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, value: str) -> str:
+        return check_run_name(value)
+
+    @field_validator("save_num_checkpoints_to_keep")
+    @classmethod
+    def _keep(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"must be >= 1, or null to keep every checkpoint, got {value}")
+        return value
+
+    @field_validator("loggers")
+    @classmethod
+    def _loggers(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if name not in LOGGERS:
+                raise ValueError(f"unknown logger {name!r}; use one of {sorted(LOGGERS)}")
+        return value
+
+    @field_validator("grad_clip_norm")
+    @classmethod
+    def _clip(cls, value: float | None) -> float | None:
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f"must be a positive number, or null for no clipping, got {value}")
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
         try:
             GPTConfig.from_dict(dict(self.model))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, ArithmeticError) as exc:
             raise ValueError(f"model: {exc}") from None
         return self
 
@@ -136,35 +220,55 @@ def _read(path: str) -> dict[str, Any]:
         raise RecipeError(f"{path}: no such recipe file (shipped recipes: {', '.join(shipped_recipes())})")
     else:
         text = file.read_text()
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"{path}: not valid YAML: {exc}") from None
+    data = _yaml(text, path) or {}
     if not isinstance(data, dict):
         raise RecipeError(f"{path}: a recipe is a mapping of keys, got {type(data).__name__}")
     return data
 
 
+def _yaml(text: str, where: str) -> Any:
+    """Plain YAML only: a tag such as `!!python/object` is refused with the line it is on, in one line."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise RecipeError(f"{where}: not valid plain YAML{at}: {problem}") from None
+    except RecursionError:
+        raise RecipeError(f"{where}: YAML nested too deeply") from None
+
+
+def _list_index(items: list[Any], part: str, path: str, item: str) -> int:
+    """`streams.0`: an existing position of a list (a list grows by setting it whole: `streams=[...]`)."""
+    if not (part.isascii() and part.isdigit()) or int(part) >= len(items):
+        raise RecipeError(f"override {item!r}: {path} is a list of {len(items)} item(s), so the index after it "
+                          f"must be 0..{len(items) - 1}, got {part!r} (set the whole list to add items: "
+                          f"{path}=[...])")
+    return int(part)
+
+
 def apply_override(tree: dict[str, Any], item: str) -> None:
     """Apply one `a.b.c=value` override; the value is parsed as YAML ("4" -> 4, "[1,2]" -> list)."""
     key, sep, raw = item.partition("=")
-    if not sep or not key:
-        raise RecipeError(f"override {item!r} must look like key.path=value")
     parts = key.strip().split(".")
-    node = tree
+    if not sep or not all(parts):
+        raise RecipeError(f"override {item!r} must look like key.path=value")
+    node: Any = tree
     for i, part in enumerate(parts[:-1]):
+        path = ".".join(parts[:i])
         if isinstance(node, list):
-            node = node[int(part)]
-            continue
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, (dict, list)):
+            node = node[_list_index(node, part, path, item)]
+        else:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            node = child
+        if not isinstance(node, (dict, list)):
             raise RecipeError(f"override {item!r}: {'.'.join(parts[:i + 1])} is a value, not a section")
-        node = child
-    value = yaml.safe_load(raw) if raw.strip() else None
+    value = _yaml(raw, f"override {item!r}") if raw.strip() else None
     if isinstance(node, list):
-        node[int(parts[-1])] = value
+        node[_list_index(node, parts[-1], ".".join(parts[:-1]), item)] = value
     else:
         node[parts[-1]] = value
 
@@ -191,19 +295,56 @@ def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return list(current.model_fields) if current is not None and hasattr(current, "model_fields") else []
 
 
+def _key_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every key of the schema as a dotted path (list items as index 0), for did-you-mean across sections."""
+    paths = []
+    for name, field in model.model_fields.items():
+        paths.append(f"{prefix}{name}")
+        for child in _nested_models(field.annotation)[:1]:
+            index = ".0" if get_origin(field.annotation) is list else ""
+            paths += _key_paths(child, f"{prefix}{name}{index}.")
+    return paths
+
+
+def _nested_models(annotation: Any) -> list[type[BaseModel]]:
+    found = [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
+    for arg in getattr(annotation, "__args__", ()):
+        found += _nested_models(arg)
+    return found
+
+
+def _did_you_mean(loc: tuple[Any, ...]) -> str:
+    """A sibling key spelled alike (`optimizer.lrr`), else a key elsewhere with that name (`lr` -> `optimizer.lr`)."""
+    name = str(loc[-1])
+    close = difflib.get_close_matches(name, _field_names(Recipe, loc), n=1)
+    if close:
+        return ".".join([*map(str, loc[:-1]), close[0]])
+    paths = _key_paths(Recipe)
+    same = [p for p in paths if p.rsplit(".", 1)[-1] == name]
+    words = [p for p in paths if name in p.rsplit(".", 1)[-1].split("_")]  # keep -> ..._to_keep
+    if same or words:
+        return (same or words)[0]
+    close = difflib.get_close_matches(name, [p.rsplit(".", 1)[-1] for p in paths], n=1)
+    return next((p for p in paths if close and p.rsplit(".", 1)[-1] == close[0]), "")
+
+
 def _explain(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc)
         if err["type"] == "extra_forbidden":
-            close = difflib.get_close_matches(str(loc[-1]), _field_names(Recipe, loc), n=1)
-            hint = f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""
-            lines.append(f"unknown key {key!r}{hint}")
+            close = _did_you_mean(loc)
+            lines.append(f"unknown key {key!r}" + (f"; did you mean {close!r}?" if close else ""))
         elif err["type"] == "missing":
             lines.append(f"missing key {key!r}")
+        elif err["type"] == "value_error":  # our own checks: the message already names the value
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{key}: {msg}" if key else msg)
         else:
             lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})" if key else err["msg"])
+    if len(lines) == 1:
+        return f"invalid recipe: {lines[0]}"
     return "invalid recipe:\n  " + "\n  ".join(lines)
 
 
@@ -217,7 +358,7 @@ def load_recipe(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recip
         for key in sorted(unknown):
             close = difflib.get_close_matches(key, list(GPTConfig.__dataclass_fields__), n=1)
             hint = f"; did you mean 'model.{close[0]}'?" if close else ""
-            raise RecipeError(f"invalid recipe:\n  unknown key 'model.{key}'{hint}")
+            raise RecipeError(f"invalid recipe: unknown key 'model.{key}'{hint}")
     try:
         return Recipe.model_validate(tree)
     except ValidationError as exc:

@@ -14,7 +14,7 @@ import torch
 
 from tessera.llm.model import GPT
 from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
-from tessera.llm.tokenizer import load_tokenizer
+from tessera.llm.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from tessera.llm.tokens import token_collate, tokens_encoding
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
@@ -49,21 +49,32 @@ def build_model(recipe: Recipe, vocab_size: int) -> GPT:
     return GPT(type(recipe.gpt_config()).from_dict(fields))
 
 
+def recipe_tokenizer(recipe: Recipe) -> Tokenizer:
+    """The recipe's tokenizer; a file that is not one fails naming the key and the file."""
+    try:
+        return load_tokenizer(recipe.tokenizer)
+    except TokenizerError:
+        raise
+    except Exception as exc:  # the tokenizers library raises plain Exception for a file it cannot read
+        raise TokenizerError(f"tokenizer {recipe.tokenizer!r} is not a tokenizer file ({exc})") from None
+
+
 def make_trainer(recipe: Recipe) -> Trainer:
-    """Everything a run needs, checked in order of cheapness (config, then data index, then model)."""
+    """Everything a run needs, checked in order of cheapness (config, tokenizer, data index, then the
+    model), so a missing path fails before gigabytes of weights are allocated."""
     if recipe.torch_threads:
         torch.set_num_threads(recipe.torch_threads)
     per_device = recipe.check_batches(current_env().world_size)
-    tokenizer = load_tokenizer(recipe.tokenizer)
-    seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
-    model = build_model(recipe, tokenizer.vocab_size)
-    seq_len = model.cfg.max_seq_len
+    tokenizer = recipe_tokenizer(recipe)
+    seq_len = recipe.gpt_config().max_seq_len
     train = build_loader(recipe.data.train, per_device, seq_len)
     evals = None
     if recipe.data.eval is not None:
         mb = recipe.device_train_microbatch_size
         evals = build_loader(recipe.data.eval, recipe.data.eval.batch_size or (mb if isinstance(mb, int) else per_device),
                              seq_len)
+    seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
+    model = build_model(recipe, tokenizer.vocab_size)
     opt = recipe.optimizer
     optimizer = build_optimizer(opt.name, model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
                                 weight_decay=opt.weight_decay)

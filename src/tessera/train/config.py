@@ -69,9 +69,19 @@ def check_batch_size(got: int, expected: int | None) -> int:
     return got
 
 
+def check_run_name(run_name: str) -> str:
+    """A run name becomes a folder name (checkpoints, logs), so it may not climb out of its parent."""
+    if not run_name or "/" in run_name or "\\" in run_name or ".." in run_name or run_name.startswith("."):
+        raise ValueError(f"run_name {run_name!r} is refused: it names a folder, so it must be non-empty and "
+                         "'/', '\\', '..' and a leading '.' (path traversal) are not allowed")
+    return run_name
+
+
 def check_save_folder(save_folder: str, run_name: str | None, rank: int) -> None:
     """Write and delete a small object in the save folder, so a typo or missing permission fails now."""
     run_name = run_name or os.environ.get("RUN_NAME", "")
+    if run_name:
+        check_run_name(run_name)
     if "{run_name}" in save_folder and not run_name:
         raise ValueError(f"save_folder {save_folder!r} contains {{run_name}}: pass run_name= or set RUN_NAME")
     folder = save_folder.replace("{run_name}", run_name)

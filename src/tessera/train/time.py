@@ -41,6 +41,14 @@ _UNITS_HELP = "ba (batches), ep (epochs), sp (samples), tok (tokens), dur (fract
 _TIME_RE = re.compile(r"^\s*(?P<number>[0-9_.eE+-]+)\s*(?P<unit>tok|dur|ba|ep|sp)\s*$")
 
 
+_NUMBER_RE = re.compile(r"^\s*[0-9_.eE+-]+\s*$")
+
+
+def _unit_hint(number: object) -> str:
+    """A bare number is almost always meant as batches (YAML reads `save_interval: 20` as an int)."""
+    return f"; did you mean '{number}ba' (batches)? Other units: {_UNITS_HELP}"
+
+
 def _unit(unit: TimeUnit | str) -> TimeUnit:
     try:
         return TimeUnit(unit)
@@ -87,9 +95,12 @@ class Time:
         if isinstance(text, Time):
             return text
         if not isinstance(text, str):
-            raise TypeError(f"expected a time string such as '500ba', got {text!r}")
+            hint = _unit_hint(text) if isinstance(text, Real) and not isinstance(text, bool) else ""
+            raise TypeError(f"expected a time string such as '500ba', got {text!r}{hint}")
         match = _TIME_RE.match(text)
         if match is None:
+            if _NUMBER_RE.match(text):
+                raise ValueError(f"cannot parse time {text!r}: it has no unit{_unit_hint(text.strip())}")
             raise ValueError(f"cannot parse time {text!r}: expected a number followed by one of "
                              f"{_UNITS_HELP}, e.g. '500ba', '2ep', '1e9tok', '0.1dur'")
         number = match["number"]

@@ -76,6 +76,10 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+class NonFiniteError(RuntimeError):
+    """The loss or gradient norm became NaN or infinite: the run stops before such weights are saved."""
+
+
 def _listify(value: Any) -> list[Any]:
     return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
 
@@ -153,6 +157,8 @@ class Trainer:
         self.throughput = Throughput()
         self.stop_requested = False
         self._pending_rng: dict[str, Any] | None = None
+        self._nonfinite: torch.Tensor | None = None  # on the device: read only where the loop syncs anyway
+        self._finite_until = 0  # the last batch known to be finite
         self._last_eval: Timestamp | None = None
         self._flops_per_token = flops_per_token(self.model)
         self._peak_flops = peak_flops(self.device, self.precision.value)
@@ -164,6 +170,7 @@ class Trainer:
         self._resume()
         self._start()
         started_at = self.timestamp
+        self._finite_until = started_at.batch
         batches = EpochIterator(self.train_dataloader, self.timestamp.batch_in_epoch, self._pending_rng)
         try:
             while not self._finished():
@@ -183,6 +190,7 @@ class Trainer:
                 batch = move_to(batch, self.device)
                 loss = self._train_batch(batch)                   # forward + backward over microbatches
                 grad_norm = self._clip_gradients()
+                self._note_nonfinite(loss, grad_norm)
                 for opt in self.optimizers:
                     self.scaler.step(opt)
                     opt.zero_grad(set_to_none=True)
@@ -268,9 +276,39 @@ class Trainer:
         if self.eval_dataloader is not None and self._fires(self.eval_interval, before, epoch_length):
             self.evaluate()
         if self.checkpoints is not None and self._fires(self.save_interval, before, epoch_length):
+            self._check_finite(weights=True)
             self.save_checkpoint()
         if self.heartbeat:
             self.heartbeat.beat(self.timestamp)
+
+    def _note_nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> None:
+        """OR this step's "loss or grad norm is not finite" into a device flag, without a host sync.
+        With float16 a scaler skips steps whose gradients overflow, so only the loss counts there."""
+        values = [loss.float()]
+        if grad_norm is not None and not self.scaler.is_enabled():
+            values.append(grad_norm.float().to(loss.device))
+        self._flag_nonfinite(~torch.isfinite(torch.stack(values)).all())
+
+    def _flag_nonfinite(self, flag: torch.Tensor) -> None:
+        self._nonfinite = flag if self._nonfinite is None else self._nonfinite | flag
+
+    def _check_finite(self, weights: bool = False) -> None:
+        """Raise NonFiniteError (on every rank) if any step since the last check was not finite. Called
+        where the loop synchronises already (logging, before a checkpoint), so a GPU step never waits.
+        Before a checkpoint the weights are checked too: the last step's update may have overflowed them."""
+        shards = [getattr(p, "_local_tensor", p) for p in self.model.parameters()] if weights else []  # FSDP
+        if shards:
+            self._flag_nonfinite(~torch.stack([torch.isfinite(p).all() for p in shards]).all())
+        if self._nonfinite is None:
+            return
+        flag = dist_utils.all_reduce_(self._nonfinite.float().reshape(1), "max")
+        if flag.item():
+            lrs = ", ".join(f"{opt.param_groups[0]['lr']:g}" for opt in self.optimizers)
+            raise NonFiniteError(
+                f"the loss, gradient norm or weights became NaN or infinite between batch "
+                f"{self._finite_until + 1} and batch {self.timestamp.batch} (learning rate {lrs}); the run is "
+                f"stopped without saving these weights: lower optimizer.lr or grad_clip_norm, or check the data")
+        self._nonfinite, self._finite_until = None, self.timestamp.batch
 
     def _fires(self, interval: Time, before: Timestamp, epoch_length: int | None) -> bool:
         """`dur` intervals of an `ep` max_duration need the epoch length; `ep` intervals count epochs."""
@@ -379,6 +417,7 @@ class Trainer:
             return {}
         values = torch.stack([loss.float()] + ([grad_norm.float().to(loss.device)] if grad_norm is not None else []))
         values = dist_utils.all_reduce_(values, "mean").tolist()  # grad norms are equal on every rank already
+        self._check_finite()  # the values just synchronised: no extra wait
         ts = self.timestamp
         metrics = {"train/loss": values[0], "time/epoch": ts.epoch, "time/sample": ts.sample,
                    "time/token": ts.token, "time/progress": self._progress(epoch_length),
@@ -407,6 +446,7 @@ class Trainer:
         if trained and self.eval_dataloader is not None and self._last_eval != self.timestamp:
             self.evaluate()
         if trained and self.checkpoints is not None:
+            self._check_finite(weights=True)
             self.save_checkpoint()
         if self.checkpoints is not None:
             self.checkpoints.wait()
