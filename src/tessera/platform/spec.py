@@ -11,18 +11,29 @@ scheduling: {max_retries: 5, retry_on_system_failure: true, max_duration: 12h, p
 parameters: {lr: 0.001}
 ```
 `load_spec` validates everything before anything is submitted and raises one `SpecError` listing every
-problem (unknown keys come with a did-you-mean).
+problem (unknown keys come with a did-you-mean). Every number is bounded to what a real run can use:
+`gpus_per_node: 100000000000000000000` would otherwise reach torchrun (which allocates per rank) and the
+supervisor would retry it, and a timeout of `1e400` (infinity) would never fire.
 """
 
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from tessera.platform.errors import SpecError
 
@@ -36,6 +47,14 @@ _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|d|h|m|s)")
 _UNITS = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
+
+MAX_NODES = 4096
+MAX_GPUS_PER_NODE = 64
+MAX_CPUS_PER_NODE = 4096
+MAX_PROCS_PER_NODE = 1024
+MAX_RETRIES = 1000
+WEEK = 7 * 86400.0  # hang_timeout, stop_grace: longer is a typo, not a setting
+YEAR = 366 * 86400.0  # max_duration: total running time over all resumptions
 
 
 def validate_name(name: str, what: str = "name") -> str:
@@ -69,9 +88,21 @@ def parse_duration(value: Any) -> float:
             seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
         raise ValueError(f"duration {value!r} is not a duration; write e.g. '10m', '12h' or '30s'")
-    if seconds <= 0:
-        raise ValueError(f"duration {value!r} must be positive")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"duration {value!r} must be positive and finite")
     return seconds
+
+
+def _at_most(limit: float) -> Any:
+    """A validator refusing durations above `limit` seconds, naming the limit as a duration."""
+
+    def check(seconds: float) -> float:
+        if seconds > limit:
+            raise ValueError(f"duration {format_duration(seconds)} is longer than the {format_duration(limit)} "
+                             "allowed")
+        return seconds
+
+    return AfterValidator(check)
 
 
 def format_duration(seconds: float | None) -> str:
@@ -87,7 +118,8 @@ def format_duration(seconds: float | None) -> str:
     return "".join(out)
 
 
-Duration = Annotated[float, BeforeValidator(parse_duration)]
+Duration = Annotated[float, BeforeValidator(parse_duration), _at_most(WEEK)]
+LongDuration = Annotated[float, BeforeValidator(parse_duration), _at_most(YEAR)]
 
 
 def _stringify(value: Any) -> Any:
@@ -104,11 +136,11 @@ class _Model(BaseModel):
 
 class Compute(_Model):
     cluster: str | None = Field(None, description="Cluster name; `--cluster` or 'local' when absent.")
-    nodes: int = Field(1, ge=1, description="Nodes, all started together (gang).")
-    gpus_per_node: int = Field(0, ge=0)
-    cpus_per_node: int | None = Field(None, ge=1)
+    nodes: int = Field(1, ge=1, le=MAX_NODES, description="Nodes, all started together (gang).")
+    gpus_per_node: int = Field(0, ge=0, le=MAX_GPUS_PER_NODE)
+    cpus_per_node: int | None = Field(None, ge=1, le=MAX_CPUS_PER_NODE)
     procs_per_node: int | None = Field(
-        None, ge=1, description="Ranks per node (torchrun when > 1); default gpus_per_node, or 1.")
+        None, ge=1, le=MAX_PROCS_PER_NODE, description="Ranks per node (torchrun when > 1); default gpus_per_node, or 1.")
 
     @field_validator("cluster")
     @classmethod
@@ -121,10 +153,10 @@ class Compute(_Model):
 
 
 class Scheduling(_Model):
-    max_retries: int = Field(3, ge=0, description="Retries after failures that may be transient.")
+    max_retries: int = Field(3, ge=0, le=MAX_RETRIES, description="Retries after failures that may be transient.")
     retry_on_system_failure: bool = Field(
         True, description="Retry node faults and preemptions without counting them against max_retries.")
-    max_duration: Duration | None = Field(None, description="Total running time over all resumptions.")
+    max_duration: LongDuration | None = Field(None, description="Total running time over all resumptions.")
     priority: Literal["low", "normal", "high"] = "normal"
     hang_timeout: Duration | None = Field(None, description="Kill and retry after this long without a heartbeat.")
     stop_grace: Duration = Field(30.0, description="Time between SIGTERM and SIGKILL on stop, move or hang.")

@@ -1,0 +1,66 @@
+"""Run spec numbers are bounded to what a run can use; anything else is a SpecError naming the key.
+
+Without bounds `gpus_per_node: 100000000000000000000` reached torchrun, which allocates per rank, and the
+supervisor retried the failure; `hang_timeout: 1e400` parsed to infinity, a hang detector that never fires.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tessera.platform import SpecError, parse_spec
+from tessera.platform.spec import (
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    MAX_PROCS_PER_NODE,
+    MAX_RETRIES,
+    WEEK,
+    YEAR,
+    format_duration,
+)
+
+# key -> (section, smallest valid, largest valid)
+INT_BOUNDS = {
+    "nodes": ("compute", 1, MAX_NODES),
+    "gpus_per_node": ("compute", 0, MAX_GPUS_PER_NODE),
+    "procs_per_node": ("compute", 1, MAX_PROCS_PER_NODE),
+    "max_retries": ("scheduling", 0, MAX_RETRIES),
+}
+
+
+def spec_with(section: str, key: str, value: object) -> str:
+    return f"name: x\ncommand: ls\n{section}: {{{key}: {value}}}\n"
+
+
+@given(st.sampled_from(sorted(INT_BOUNDS)), st.integers(min_value=-(2**70), max_value=2**70))
+def test_integer_settings_are_accepted_exactly_within_their_bounds(key: str, value: int) -> None:
+    section, low, high = INT_BOUNDS[key]
+    text = spec_with(section, key, value)
+    if low <= value <= high:
+        assert getattr(getattr(parse_spec(text), section), key) == value
+    else:
+        with pytest.raises(SpecError, match=rf"{section}\.{key}: Input should be"):
+            parse_spec(text)
+
+
+@pytest.mark.parametrize(("section", "key", "value"), [
+    ("compute", "gpus_per_node", "1e20"), ("compute", "gpus_per_node", 10**20),
+    ("scheduling", "max_retries", "1e30"), ("scheduling", "max_retries", 10**30),
+    ("scheduling", "hang_timeout", "1e400"), ("scheduling", "hang_timeout", ".inf"),
+    ("scheduling", "hang_timeout", ".nan"), ("scheduling", "stop_grace", "8d"),
+    ("scheduling", "hang_timeout", "-5m"), ("scheduling", "max_duration", "400d"),
+    ("scheduling", "max_duration", "1e400"),
+])
+def test_the_reported_values_are_refused_naming_the_key(section: str, key: str, value: object) -> None:
+    with pytest.raises(SpecError, match=rf"{section}\.{key}: "):
+        parse_spec(spec_with(section, key, value))
+
+
+@pytest.mark.parametrize(("key", "limit"), [("hang_timeout", WEEK), ("stop_grace", WEEK), ("max_duration", YEAR)])
+def test_durations_are_accepted_up_to_their_limit(key: str, limit: float) -> None:
+    assert getattr(parse_spec(spec_with("scheduling", key, format_duration(limit))).scheduling, key) == limit
+    with pytest.raises(SpecError, match=rf"scheduling\.{key}: duration .* is longer than the "
+                                        rf"{format_duration(limit)} allowed"):
+        parse_spec(spec_with("scheduling", key, limit + 1))
