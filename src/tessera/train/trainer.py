@@ -304,10 +304,12 @@ class Trainer:
         flag = dist_utils.all_reduce_(self._nonfinite.float().reshape(1), "max")
         if flag.item():
             lrs = ", ".join(f"{opt.param_groups[0]['lr']:g}" for opt in self.optimizers)
+            first, last = self._finite_until + 1, self.timestamp.batch
+            where = f"at batch {last}" if first >= last else f"between batch {first} and batch {last}"
             raise NonFiniteError(
-                f"the loss, gradient norm or weights became NaN or infinite between batch "
-                f"{self._finite_until + 1} and batch {self.timestamp.batch} (learning rate {lrs}); the run is "
-                f"stopped without saving these weights: lower optimizer.lr or grad_clip_norm, or check the data")
+                f"the loss, gradient norm or weights became NaN or infinite {where} (learning rate {lrs}); the "
+                f"run is stopped without saving these weights: lower optimizer.lr or grad_clip_norm, or check "
+                f"the data")
         self._nonfinite, self._finite_until = None, self.timestamp.batch
 
     def _fires(self, interval: Time, before: Timestamp, epoch_length: int | None) -> bool:
