@@ -36,7 +36,8 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
         data = cfg.model_dump(mode="json")
         typer.echo(json.dumps(data, indent=2) if as_json else yaml.safe_dump(data, sort_keys=False))
         return
-    from tessera.llm.train_run import train as run  # torch is imported only when training
+    from tessera.llm.train_run import DataUnavailable  # torch is imported only when training
+    from tessera.llm.train_run import train as run
     from tessera.train.trainer import NonFiniteError
 
     logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s")
@@ -46,6 +47,6 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
         code = run(cfg)
     except RecipeError as exc:
         fail(exc, code=2, debug=debug)
-    except (ValueError, OSError, StorageError, ShardError, NonFiniteError) as exc:
+    except (ValueError, OSError, StorageError, ShardError, DataUnavailable, NonFiniteError) as exc:
         fail(exc, code=1, debug=debug)
     raise typer.Exit(code)

@@ -16,6 +16,8 @@ from tessera.llm.model import GPT
 from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
 from tessera.llm.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from tessera.llm.tokens import token_collate, tokens_encoding
+from tessera.shards import ShardError
+from tessera.storage import StorageError
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
 from tessera.train.distributed import current_env
@@ -27,6 +29,16 @@ from tessera.train.trainer import seed_all
 SCHEDULES = {"cosine_with_warmup": CosineWithWarmup, "linear_with_warmup": LinearWithWarmup,
              "constant_with_warmup": ConstantWithWarmup}
 STOPPED_EXIT_CODE = 143
+
+
+class DataUnavailable(RuntimeError):
+    """A dataset the recipe names cannot be opened (no index.json, no bucket, no access); names the key."""
+
+    @classmethod
+    def of(cls, section: str, exc: Exception) -> DataUnavailable:
+        hint = (f"; point {section}.streams.0.remote at a dataset (`tessera llm prep` makes one)"
+                if isinstance(exc, FileNotFoundError) else "")
+        return cls(f"{section}.streams: {exc}{hint}")
 
 
 def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int) -> StreamingDataLoader:
@@ -67,12 +79,18 @@ def make_trainer(recipe: Recipe) -> Trainer:
     per_device = recipe.check_batches(current_env().world_size)
     tokenizer = recipe_tokenizer(recipe)
     seq_len = recipe.gpt_config().max_seq_len
-    train = build_loader(recipe.data.train, per_device, seq_len)
+    try:
+        train = build_loader(recipe.data.train, per_device, seq_len)
+    except (ShardError, StorageError) as exc:
+        raise DataUnavailable.of("data.train", exc) from exc
     evals = None
     if recipe.data.eval is not None:
         mb = recipe.device_train_microbatch_size
-        evals = build_loader(recipe.data.eval, recipe.data.eval.batch_size or (mb if isinstance(mb, int) else per_device),
-                             seq_len)
+        try:
+            evals = build_loader(recipe.data.eval, recipe.data.eval.batch_size or
+                                 (mb if isinstance(mb, int) else per_device), seq_len)
+        except (ShardError, StorageError) as exc:
+            raise DataUnavailable.of("data.eval", exc) from exc
     seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
     model = build_model(recipe, tokenizer.vocab_size)
     opt = recipe.optimizer
