@@ -63,3 +63,6 @@ def test_first_exception() -> None:
     assert first_exception("[default1]:Traceback (most recent call last):\n[default1]:  File x\n"
                            "[default1]:ValueError: v") == "ValueError: v"
     assert first_exception("no traceback here") is None
+    # the CLI's one-line error, printed instead of a traceback (tessera.cli.console.fail)
+    assert first_exception("[tessera] starting\nerror: data.train.streams: no index.json\n") == \
+        "error: data.train.streams: no index.json"

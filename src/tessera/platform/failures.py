@@ -60,6 +60,7 @@ NODE_SIGNATURES = re.compile(
     r"\bXid\b|GPU is lost|fallen off the bus|CUDA error: unspecified launch failure|"
     r"DUE TO NODE FAILURE|Node failure on")
 _TRACEBACK = "Traceback (most recent call last):"
+_CLI_ERROR = "error: "  # tessera.cli.console.fail
 _PREFIX = re.compile(r"^\[default\d+\]:")
 _CRASH_SIGNALS = {signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGILL, signal.SIGFPE}
 
@@ -92,7 +93,8 @@ class Failure:
 
 
 def first_exception(text: str) -> str | None:
-    """The exception line that ends the first Python traceback in `text` (e.g. "ValueError: bad lr")."""
+    """The exception line that ends the first Python traceback in `text` (e.g. "ValueError: bad lr"), else
+    the first one-line error the `tessera` CLI prints instead of a traceback ("error: no index.json")."""
     lines = [_PREFIX.sub("", line) for line in text.splitlines()]
     for i, line in enumerate(lines):
         if line.strip() != _TRACEBACK:
@@ -100,7 +102,7 @@ def first_exception(text: str) -> str | None:
         for follow in lines[i + 1:]:
             if follow.strip() and not follow.startswith((" ", "\t")) and follow.strip() != _TRACEBACK:
                 return follow.strip()[:500]
-    return None
+    return next((line.strip()[:500] for line in lines if line.startswith(_CLI_ERROR)), None)
 
 
 def _signal_name(number: int) -> str:
