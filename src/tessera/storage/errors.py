@@ -54,6 +54,15 @@ class TransientError(StorageError):
     """A retryable failure (5xx, throttling, timeout, reset) that outlived the retry policy."""
 
 
+class EndpointTimeout(TransientError, TimeoutError):
+    """The object store's endpoint did not answer in time (no connection or no first byte): it is down,
+    firewalled, or S3_ENDPOINT_URL names the wrong host or port. `endpoint` says which one."""
+
+    def __init__(self, message: str, url: str = "", endpoint: str = "") -> None:
+        super().__init__(message, url)
+        self.endpoint = endpoint
+
+
 class IntegrityError(StorageError, ValueError):
     """Bytes do not match the expected size or hash (downloaded now, or found in a cache).
 
@@ -70,6 +79,7 @@ _TRANSIENT_PATTERNS = re.compile(
 
 
 _STATUS = re.compile(r"status code: (\d{3})")
+_TIMEOUT = re.compile(r"kind: Timeout|timed out|deadline has elapsed", re.IGNORECASE)
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -93,13 +103,18 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def translate(exc: BaseException, url: str) -> StorageError:
-    """Turn a backend exception (obstore, OSError) into a StorageError subclass naming `url`."""
+def translate(exc: BaseException, url: str, endpoint: str | None = None) -> StorageError:
+    """Turn a backend exception (obstore, OSError) into a StorageError subclass naming `url` (and the
+    `endpoint`, when it is the one that did not answer)."""
     if isinstance(exc, StorageError):
         return exc
     text = str(exc)
     first = text.splitlines()[0][:300] if text else type(exc).__name__
     name = type(exc).__name__
+    if endpoint and (isinstance(exc, TimeoutError) or (_TIMEOUT.search(text) and not _STATUS.search(text))):
+        return EndpointTimeout(f"{url}: the endpoint {endpoint} did not answer in time; check that it is up and "
+                               f"reachable, and S3_ENDPOINT_URL (the wait is bounded by TESSERA_S3_TIMEOUT "
+                               f"seconds) ({first})", url, endpoint)
     if "NoSuchBucket" in text or "ContainerNotFound" in text:
         return BucketNotFound(f"{url}: bucket does not exist; create it or fix the URL ({first})", url)
     if name == "AlreadyExistsError" or isinstance(exc, FileExistsError):

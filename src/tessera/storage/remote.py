@@ -19,12 +19,12 @@ import obstore
 from tessera.storage.base import Data, ObjectInfo, Store
 from tessera.storage.errors import NotFound, is_transient, translate
 from tessera.storage.fork_gate import note_request
-from tessera.storage.retry import RetryPolicy, call_with_retry
+from tessera.storage.retry import RetryBudget, RetryPolicy, call_with_retry, give_up
 from tessera.storage.url import ParsedURL, check_key, join_key
 
 MULTIPART_THRESHOLD = 16 << 20
 PART_SIZE = 8 << 20
-STREAM_CHUNK = 1 << 20  # bytes a streamed download holds at once per range
+STREAM_CHUNK = 256 << 10  # bytes a streamed download holds at once per range
 
 
 def _info(meta: dict[str, Any], prefix: str) -> ObjectInfo:
@@ -42,6 +42,7 @@ class ObjectStore(Store):
         self.prefix = parsed.prefix
         self.url = parsed.root_url()
         self.retry = retry
+        self.endpoint = endpoint_of(client)
 
     def _full(self, key: str) -> str:
         return join_key(self.prefix, check_key(key, self.url_for(key)))
@@ -51,7 +52,7 @@ class ObjectStore(Store):
 
     def _call(self, key: str, fn: Any) -> Any:
         note_request()  # see fork_gate.py: a first request waits for a fork in progress
-        return call_with_retry(fn, self.url_for(key), self.retry)
+        return call_with_retry(fn, self.url_for(key), self.retry, self.endpoint)
 
     def get(self, key: str) -> bytes:
         path = self._full(key)
@@ -129,7 +130,9 @@ class ObjectStore(Store):
         full = join_key(self.prefix, seg_prefix) if seg_prefix else (self.prefix or None)
         last: str | None = None
         note_request()
-        for attempt in range(self.retry.max_attempts):
+        budget, url = RetryBudget(self.retry), self.url_for(prefix) if prefix else self.url
+        while True:
+            budget.start()
             try:
                 for page in obstore.list(self.client, prefix=full, offset=last, chunk_size=1000):
                     for meta in page:
@@ -139,9 +142,12 @@ class ObjectStore(Store):
                             yield info
                 return
             except Exception as exc:  # noqa: BLE001 - classified like every other call
-                if not is_transient(exc) or attempt + 1 == self.retry.max_attempts:
-                    raise translate(exc, self.url_for(prefix) if prefix else self.url) from exc
-                time.sleep(self.retry.delay(attempt))
+                if not is_transient(exc):
+                    raise translate(exc, url, self.endpoint) from exc
+                delay = budget.next_delay()
+                if delay is None:
+                    raise give_up(exc, url, budget, self.endpoint) from exc
+                time.sleep(delay)
 
     def delete(self, key: str) -> None:
         path = self._full(key)
@@ -174,11 +180,28 @@ class ObjectStore(Store):
 
 
 def client_options(retry: RetryPolicy, allow_http: bool) -> dict[str, Any]:
+    """HTTP client timeouts: connect and first-byte waits are capped by the policy's total deadline."""
     return {
         "timeout": f"{retry.request_timeout}s",
-        "connect_timeout": f"{retry.connect_timeout}s",
+        "connect_timeout": f"{min(retry.connect_timeout, retry.total_timeout)}s",
+        "read_timeout": f"{min(retry.read_timeout, retry.total_timeout)}s",
         "allow_http": allow_http,
     }
+
+
+def endpoint_of(client: Any) -> str | None:
+    """The host a client talks to, for errors that must say which endpoint did not answer."""
+    config = getattr(client, "config", None) or {}
+    if config.get("endpoint"):
+        return str(config["endpoint"])
+    kind = type(client).__name__
+    if kind == "S3Store":
+        return f"https://s3.{config.get('region', 'us-east-1')}.amazonaws.com"
+    if kind == "GCSStore":
+        return "https://storage.googleapis.com"
+    if kind == "AzureStore" and config.get("account_name"):
+        return f"https://{config['account_name']}.blob.core.windows.net"
+    return None
 
 
 def no_retry_config() -> dict[str, Any]:
