@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import typer
@@ -9,6 +11,13 @@ from rich.table import Table
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import SecretError
+from tessera.platform.secret_input import (
+    merge_values,
+    parse_env_lines,
+    values_from_arguments,
+    values_from_environ,
+    values_from_files,
+)
 from tessera.platform.secrets import SecretStore, secret_json
 
 app = typer.Typer(help="Store credentials for runs (mode 0600 under TESSERA_HOME); values are never shown.",
@@ -34,16 +43,31 @@ def create_s3(name: str,
 
 
 @create.command("env")
-def create_env(name: str, pairs: list[str] = typer.Argument(..., metavar="KEY=VALUE..."),
+def create_env(name: str,
+               pairs: list[str] = typer.Argument(None, metavar="[KEY=VALUE...]",
+                                                 help="Deprecated: values on the command line end up in shell "
+                                                      "history and in `ps`."),
+               from_env: list[str] = typer.Option([], "--from-env", metavar="KEY[=VAR]",
+                                                  help="Take KEY's value from $VAR (default $KEY) here."),
+               from_file: list[str] = typer.Option([], "--from-file", metavar="KEY=PATH",
+                                                   help="Take KEY's value from a file (one trailing newline dropped)."),
+               stdin: bool = typer.Option(False, "--stdin", help="Read KEY=VALUE lines from stdin."),
                overwrite: bool = typer.Option(False, "--overwrite", help="Replace a secret of the same name.")) -> None:
-    """Environment variables, injected as they are."""
-    values = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            fail(SecretError(f"expected KEY=VALUE, got an argument without '=' (argument {len(values) + 1})"))
-        values[key] = value
+    """Environment variables, injected as they are. Values come from --from-env, --from-file or --stdin:
+
+    `tessera secret create env wandb --from-env WANDB_API_KEY`, or `... --stdin < keys.env`."""
+    if not (pairs or from_env or from_file or stdin):
+        raise typer.BadParameter("give values with --from-env KEY, --from-file KEY=PATH or --stdin",
+                                 param_hint="KEY=VALUE")
     try:
+        inline = values_from_arguments(pairs or [])
+        if inline:
+            err.print("[yellow]warning:[/yellow] values given as KEY=VALUE arguments are kept in shell history "
+                      "and visible to other users in `ps`; use --from-env, --from-file or --stdin", soft_wrap=True)
+        values = merge_values(inline, values_from_environ(from_env, os.environ), values_from_files(from_file),
+                              parse_env_lines(sys.stdin.read(), "stdin") if stdin else {})
+        if not values:
+            raise SecretError("no KEY=VALUE given (stdin held none)")
         SecretStore().create_env(name, values, overwrite=overwrite)
     except SecretError as exc:
         fail(exc)
