@@ -60,6 +60,7 @@ def with_data(prepped: Path, *extra: str) -> list[str]:
     ("optimizer.lr=-1", ["optimizer.lr", "-1"]),
     ("optimizer.lr=nan", ["optimizer.lr", "nan"]),
     ("optimizer.betas=[1.5,0.9]", ["optimizer.betas", "1.5"]),
+    ("scheduler.alpha_f=.nan", ["scheduler.alpha_f", "nan"]),
     ("save_num_checkpoints_to_keep=0", ["save_num_checkpoints_to_keep", "0"]),
     ("keep=0", ["'keep'", "did you mean 'save_num_checkpoints_to_keep'"]),
     ("lr=3e-4", ["'lr'", "did you mean 'optimizer.lr'"]),

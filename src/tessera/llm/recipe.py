@@ -46,6 +46,13 @@ def check_time(value: Any, *, allow_dur: bool = True, positive: bool = False) ->
     return value
 
 
+def check_non_negative(value: float) -> float:
+    """A learning rate or a factor of one: NaN, infinity or a negative number would train nothing useful."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"must be a finite number >= 0, got {value}")
+    return value
+
+
 def check_url(value: str | None) -> str | None:
     """A storage URL or local path whose scheme Tessera can open (no I/O: the bucket is checked later)."""
     if value is not None:
@@ -83,8 +90,8 @@ class LoaderSpec(Strict):
 
 class EvalSpec(LoaderSpec):
     shuffle: bool = False
-    max_batches: int | None = None
-    batch_size: int | None = None  # per device; default the training microbatch
+    max_batches: int | None = Field(default=None, ge=1)
+    batch_size: int | None = Field(default=None, ge=1)  # per device; default the training microbatch
 
 
 class DataSpec(Strict):
@@ -99,12 +106,7 @@ class OptimizerSpec(Strict):
     eps: float = 1e-8
     weight_decay: float = 0.0
 
-    @field_validator("lr", "eps", "weight_decay")
-    @classmethod
-    def _non_negative(cls, value: float) -> float:
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"must be a finite number >= 0 (e.g. 3e-4), got {value}")
-        return value
+    _non_negative = field_validator("lr", "eps", "weight_decay")(check_non_negative)
 
     @field_validator("betas")
     @classmethod
@@ -120,6 +122,7 @@ class SchedulerSpec(Strict):
     alpha_f: float = 0.1
 
     _warmup = field_validator("t_warmup", mode="before")(check_time)
+    _alpha_f = field_validator("alpha_f")(check_non_negative)
 
 
 class Recipe(Strict):
