@@ -278,24 +278,14 @@ def apply_override(tree: dict[str, Any], item: str) -> None:
 
 def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys allowed at `loc` (for did-you-mean)."""
-    current: Any = model
+    current: type[BaseModel] | None = model
     for part in loc[:-1]:
         if isinstance(part, int) or current is None:
             continue
-        field = current.model_fields.get(part) if hasattr(current, "model_fields") else None
-        ann = field.annotation if field else None
-        for candidate in getattr(ann, "__args__", ()) + (ann,):
-            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-                current = candidate
-                break
-            inner = getattr(candidate, "__args__", ())
-            hit = next((c for c in inner if isinstance(c, type) and issubclass(c, BaseModel)), None)
-            if hit:
-                current = hit
-                break
-        else:
-            current = None
-    return list(current.model_fields) if current is not None and hasattr(current, "model_fields") else []
+        field = current.model_fields.get(part)
+        nested = _nested_models(field.annotation) if field else []
+        current = nested[0] if nested else None
+    return list(current.model_fields) if current is not None else []
 
 
 def _key_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
