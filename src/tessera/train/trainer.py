@@ -296,7 +296,8 @@ class Trainer:
         """Raise NonFiniteError (on every rank) if any step since the last check was not finite. Called
         where the loop synchronises already (logging, before a checkpoint), so a GPU step never waits.
         Before a checkpoint the weights are checked too: the last step's update may have overflowed them."""
-        shards = [getattr(p, "_local_tensor", p) for p in self.model.parameters()] if weights else []  # FSDP
+        params = self.model.parameters() if weights else []
+        shards = [p.to_local() if hasattr(p, "to_local") else p for p in params]  # FSDP: this rank's shard
         if shards:
             self._flag_nonfinite(~torch.stack([torch.isfinite(p).all() for p in shards]).all())
         if self._nonfinite is None:
