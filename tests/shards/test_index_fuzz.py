@@ -180,3 +180,22 @@ def test_a_malformed_write_journal_is_a_typed_error(tmp_path: Path, meta: dict) 
     journal.write_text(json.dumps({"shards": [], "version": 2, JOURNAL_KEY: meta}))
     with pytest.raises(IndexFormatError, match=f"{journal}: {JOURNAL_KEY}"):
         plan_session(open_store(str(tmp_path)), "resume")
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_cli_on_a_mutated_real_index_exits_0_or_1_without_a_traceback(dataset: Path, tmp_path_factory:
+                                                                        pytest.TempPathFactory,
+                                                                        data: st.DataObject) -> None:
+    root = tmp_path_factory.mktemp("mutated") / "ds"
+    root.mkdir()
+    for path in dataset.iterdir():
+        (root / path.name).write_bytes(path.read_bytes())
+    obj = json.loads((dataset / "index.json").read_text())
+    path = data.draw(st.sampled_from(_paths(obj)))
+    (root / "index.json").write_text(json.dumps(_replace(obj, path, data.draw(edge_values | json_values))))
+    for command in ("verify", "inspect"):
+        result = CliRunner().invoke(app, ["data", command, str(root)])
+        assert result.exit_code in (0, 1), result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+        assert "Traceback" not in result.output
