@@ -70,9 +70,11 @@ def verify_digests(data: Any, info: FileInfo, label: str, shard: int | None,
                    only: Collection[str] | None = None) -> None:
     """Check the digests index.json records for this file (all, or the algorithms in `only`);
     HashMismatch names the algorithm."""
-    wanted = set(info.hashes) if only is None else set(only)
+    # In the index's (or the caller's) order, not a set's: which mismatch is reported first must not
+    # depend on the interpreter's hash seed.
+    wanted = list(dict.fromkeys(info.hashes if only is None else only))
     algos = [algo for algo in wanted if algo in HASH_ALGORITHMS and algo in info.hashes]
-    unknown = sorted(wanted - set(algos))
+    unknown = sorted(set(wanted) - set(algos))
     if unknown:
         raise ShardFormatError(label, f"cannot verify hash algorithms {unknown}: unsupported, or not recorded "
                                f"in index.json (it records {sorted(info.hashes)})", shard)
