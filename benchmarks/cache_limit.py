@@ -26,7 +26,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import warnings
@@ -156,14 +155,10 @@ def main() -> None:
     ap.add_argument("--share", type=float, default=0.25, help="cache limit as a share of the dataset's bytes")
     ap.add_argument("--libs", default="tessera,mosaic,litdata")
     ap.add_argument("--time-cap", type=float, default=300.0, help="seconds after which an epoch is cut short")
-    ap.add_argument("--work", default=None, help="data folder (kept and reused); default: temp, removed")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+    parsed = W.bench_args(ap, child, "tessera-bench-cache-limit-")
+    if parsed is None:
         return
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tessera-bench-cache-limit-"))
-    work.mkdir(parents=True, exist_ok=True)
+    args, work = parsed
     env = S.Env(work)
     rows: list[dict[str, Any]] = []
     try:

@@ -22,7 +22,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -72,14 +71,10 @@ def main() -> None:
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for a first batch")
-    ap.add_argument("--work", default=None, help="data folder (kept and reused); default: temp, removed")
-    ap.add_argument("--child", help=argparse.SUPPRESS)
-    args = ap.parse_args()
-    if args.child:
-        print(json.dumps(child(json.loads(args.child))))
+    parsed = W.bench_args(ap, child, "tessera-bench-first-batch-")
+    if parsed is None:
         return
-    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="tessera-bench-first-batch-"))
-    work.mkdir(parents=True, exist_ok=True)
+    args, work = parsed
     env = S.Env(work)
     rows = []
     try:

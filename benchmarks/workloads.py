@@ -14,6 +14,7 @@ stand-in first) and litdata 0.2.76 (version check off).
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -21,6 +22,7 @@ import re
 import shutil
 import statistics
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -422,3 +424,19 @@ def _fmt(value: Any) -> str:
 
 def dump_json(payload: dict[str, Any]) -> None:
     print(json.dumps(payload, default=lambda o: o.item() if hasattr(o, "item") else str(o)))
+
+
+def bench_args(ap: Any, child: Callable[[dict[str, Any]], dict[str, Any]], prefix: str) -> tuple[Any, Path] | None:
+    """The common tail of a side-by-side benchmark's command line: `--work` (a kept data folder, else a temp
+    one) and the hidden `--child SPEC` (one measurement in a fresh process: runs `child`, prints its JSON
+    and returns None). Returns (args, work folder) for the parent."""
+    ap.add_argument("--work", default=None, help="data folder (kept and reused); default: temp, removed")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return None
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix=prefix))
+    work.mkdir(parents=True, exist_ok=True)
+    return args, work
+
