@@ -43,7 +43,7 @@ from tessera.storage.fork_gate import fork_gate
 from tessera.storage.local import LocalStore
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.forksafe import die_with_parent, fork_is_clean, limit_malloc_arenas
-from tessera.stream.gather import REF_GROUP, all_fixed_size
+from tessera.stream.gather import OUTPUTS, REF_GROUP, all_fixed_size
 from tessera.stream.slots import FILLED, FREE, SlotRing, slot_bytes
 from tessera.stream.state import StageTimes
 
@@ -110,6 +110,9 @@ def _worker_start(user_init: Callable[[int], Any] | None, worker_id: int) -> Non
     malloc arenas (forksafe.limit_malloc_arenas), before its download threads start."""
     die_with_parent()
     limit_malloc_arenas()
+    # A worker's gathered batches are pickled to the training process (or gathered into shared slots), so
+    # recycling output arrays buys it nothing and kept up to 64 MiB of them alive per worker.
+    OUTPUTS.max_bytes = 0
     if user_init is not None:
         user_init(worker_id)
 
