@@ -26,7 +26,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import warnings
 from collections import Counter
@@ -41,39 +40,28 @@ import workloads as W  # noqa: E402
 SHARD_SUFFIX = {"tessera": ".mds", "mosaic": ".mds", "litdata": ".bin"}
 
 
-class CacheWatch:
+class CacheWatch(W.PeriodicSampler):
     """Polls a cache folder: shard files appearing (downloads seen) and the peak bytes of all files."""
 
     def __init__(self, root: Path, suffix: str, interval: float = 0.005) -> None:
-        self.root, self.suffix, self.interval = root, suffix, interval
+        super().__init__(interval)
+        self.root, self.suffix = root, suffix
         self.appeared: Counter[str] = Counter()
         self.peak_bytes = 0
         self._present: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            now, total = set(), 0
-            for dirpath, _, names in os.walk(self.root):
-                for name in names:
-                    try:
-                        total += os.stat(os.path.join(dirpath, name)).st_size
-                    except FileNotFoundError:
-                        continue
-                    if name.endswith(self.suffix) and not name.startswith("."):
-                        now.add(name)
-            self.appeared.update(now - self._present)
-            self._present, self.peak_bytes = now, max(self.peak_bytes, total)
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> CacheWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        now, total = set(), 0
+        for dirpath, _, names in os.walk(self.root):
+            for name in names:
+                try:
+                    total += os.stat(os.path.join(dirpath, name)).st_size
+                except FileNotFoundError:
+                    continue
+                if name.endswith(self.suffix) and not name.startswith("."):
+                    now.add(name)
+        self.appeared.update(now - self._present)
+        self._present, self.peak_bytes = now, max(self.peak_bytes, total)
 
 
 def make_dataset(lib: str, url: str, cache: Path, limit: int | None, shuffle: bool) -> Any:

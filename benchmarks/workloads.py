@@ -309,23 +309,41 @@ def tree_pids() -> list[int]:
     return found
 
 
-class WorkerMemory:
-    """Samples peak RSS (VmHWM) and peak private memory (USS) of this process's Python children, and the
-    peak over time of the whole process tree's anonymous, file-backed and shared-memory resident pages
-    (each summed over the tree at one instant: what the tree holds at once)."""
+class PeriodicSampler:
+    """Calls `sample()` every `interval` seconds on a background thread while used as a context manager."""
 
-    def __init__(self, exclude: Iterable[int] = (), interval: float = 0.1) -> None:
-        self.exclude = set(exclude)
+    def __init__(self, interval: float) -> None:
         self.interval = interval
-        self.peaks: dict[int, dict[str, int]] = {}
-        self.tree: dict[str, int] = {}  # peak over samples of the tree's sums: RssAnon, RssFile, RssShmem
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample()
             self._stop.wait(self.interval)
+
+    def __enter__(self) -> Any:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class WorkerMemory(PeriodicSampler):
+    """Samples peak RSS (VmHWM) and peak private memory (USS) of this process's Python children, and the
+    peak over time of the whole process tree's anonymous, file-backed and shared-memory resident pages
+    (each summed over the tree at one instant: what the tree holds at once)."""
+
+    def __init__(self, exclude: Iterable[int] = (), interval: float = 0.1) -> None:
+        super().__init__(interval)
+        self.exclude = set(exclude)
+        self.peaks: dict[int, dict[str, int]] = {}
+        self.tree: dict[str, int] = {}  # peak over samples of the tree's sums: RssAnon, RssFile, RssShmem
 
     def sample(self) -> None:
         for pid in child_pids(self.exclude):
@@ -342,14 +360,6 @@ class WorkerMemory:
                     sums[key] = sums.get(key, 0) + value
         for key, value in sums.items():
             self.tree[key] = max(self.tree.get(key, 0), value)
-
-    def __enter__(self) -> WorkerMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def summary(self) -> dict[str, float]:
         """Max over workers of peak RSS (VmHWM: includes pages shared with the parent and mapped shard files),

@@ -77,35 +77,40 @@ class PathTraversal(IndexFormatError):
     """A shard basename is absolute or climbs out of the dataset root; reading it could touch any file."""
 
 
-class UnknownEncoding(ShardFormatError, TypeError, KeyError):
+class ColumnEncodingError(ShardFormatError):
+    """A column's encoding cannot be used. Built from (file, column, encoding, shard); from the message
+    alone (the form pickling across DataLoader workers rebuilds it with), `column` is None."""
+
+    def __init__(self, file: str, column: str | None = None, encoding: str | None = None,
+                 shard: int | None = None) -> None:
+        self.column, self.encoding = column, encoding
+        if column is None:
+            super().__init__(file)
+            return
+        super().__init__(file, self.describe(column, encoding), shard)
+
+    @staticmethod
+    def describe(column: str, encoding: str | None) -> str:
+        raise NotImplementedError
+
+
+class UnknownEncoding(ColumnEncodingError, TypeError, KeyError):
     """A column uses an encoding name that is not in the MDS family (Mosaic: TypeError from its writer,
     KeyError from its reader)."""
 
-    def __init__(self, file: str, column: str | None = None, encoding: str | None = None,
-                 shard: int | None = None) -> None:
-        self.column, self.encoding = column, encoding
-        if column is None:
-            super().__init__(file)
-            return
-        super().__init__(file, f"column {column!r} has unknown encoding {encoding!r}", shard)
+    @staticmethod
+    def describe(column: str, encoding: str | None) -> str:
+        return f"column {column!r} has unknown encoding {encoding!r}"
 
 
-class UnsafeEncoding(ShardFormatError):
+class UnsafeEncoding(ColumnEncodingError):
     """A column would be decoded with pickle, which runs arbitrary code from the data."""
 
-    def __init__(self, file: str, column: str | None = None, encoding: str | None = None,
-                 shard: int | None = None) -> None:
-        self.column, self.encoding = column, encoding
-        if column is None:
-            super().__init__(file)
-            return
-        super().__init__(
-            file,
-            f"column {column!r} uses the unsafe encoding {encoding!r} (pickle executes code from the "
-            "data); pass allow_unsafe_types=True only if you trust who wrote this dataset, or select "
-            "other columns",
-            shard,
-        )
+    @staticmethod
+    def describe(column: str, encoding: str | None) -> str:
+        return (f"column {column!r} uses the unsafe encoding {encoding!r} (pickle executes code from the "
+                "data); pass allow_unsafe_types=True only if you trust who wrote this dataset, or select "
+                "other columns")
 
 
 class EncodeError(ShardError, ValueError):

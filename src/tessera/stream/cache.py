@@ -391,9 +391,10 @@ class ShardCache:
             # Highest rank = needed furthest in the future (inf: not needed again this epoch): evict first;
             # among equal ranks (every shard this process does not know a need of, such as those other
             # processes sharing the cache read or prefetched), the least recently used first.
-            order = sorted(files, key=lambda rp: (rank(rp[1]), -self._last_use(*rp)), reverse=True)
-            for root, path in order:
-                if used + need <= self.cache_limit or rank(path) <= own:
+            order = sorted(((rank(path), -self._last_use(root, path), root, path) for root, path in files),
+                           key=lambda item: item[:2], reverse=True)
+            for need_at, _, root, path in order:
+                if used + need <= self.cache_limit or need_at <= own:
                     break
                 used -= self._try_evict(root, path)
             if used + need > self.cache_limit and optional:
@@ -418,7 +419,10 @@ class ShardCache:
         Evicting that compressed file mid-decompression failed the download ("compressed shard file is
         missing"), seen with two ranks of two workers sharing a 10% cache."""
         for name in {basename, basename.rsplit(".", 1)[0]}:
-            fd = os.open(self._lock_path(name, "dl", root), os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # a lock file that does not exist is not held (and is not created here)
+                fd = os.open(self._lock_path(name, "dl", root), os.O_RDWR)
+            except FileNotFoundError:
+                continue
             try:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
