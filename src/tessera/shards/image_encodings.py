@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 from PIL.JpegImagePlugin import JpegImageFile
 
-from tessera.shards.encodings import Encoding
+from tessera.shards.column_encoding import Encoding
 
 _U32 = struct.Struct("<I")
 
