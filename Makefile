@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0+cpu
 ANCHORS := mosaicml-streaming==0.13.0 litdata==0.2.76
 ANCHOR_NEEDS := zstd python-snappy Brotli xxhash catalogue tqdm boto3 lightning-utilities filelock requests "transformers<5"
 
-.PHONY: setup test demo bench lint clean
+.PHONY: setup test demo bench lint docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -18,7 +18,7 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	@# The CPU torch wheel first, so nothing later resolves a CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,bench]"
+	$(BIN)/pip install -q -e ".[dev,docs,bench]"
 	$(BIN)/pip install -q $(ANCHOR_NEEDS)
 	$(BIN)/pip install -q --no-deps $(ANCHORS)
 	touch $@
@@ -36,6 +36,11 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/lint-imports --no-logo
+
+# The guides in docs/ and reference pages built from the docstrings, into site/.
+docs: setup
+	$(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) demo-out bench-out
+	rm -rf $(VENV) demo-out bench-out site
