@@ -8,13 +8,15 @@ from rich.markup import escape
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
+# Set by `tessera --debug ...` (the root option), so every sub-command's failure shows its traceback.
+debug_all = False
 
 
 def fail(exc: Exception | str, *, code: int = 1, debug: bool = False) -> None:
     """Print `error: ...` on stderr and exit `code` (2: the input is wrong, 1: it failed at run time).
     The message is escaped: a URL or a list in brackets (`[s3]`, `[0, 1]`) must not be eaten as rich
     markup. With `debug` the exception is raised again, so its traceback shows where it came from."""
-    if debug and isinstance(exc, Exception):
+    if (debug or debug_all) and isinstance(exc, Exception):
         raise exc
     err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # one line, however long
     raise typer.Exit(code)

@@ -16,6 +16,7 @@ from tessera.cli.console import err, fail, out
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
 from tessera.shards.dataset import open_dataset_store, read_index
+from tessera.shards.errors import DatasetExists
 from tessera.shards.interrupted import Interrupted, InterruptedWrite
 from tessera.shards.merge import merge_parts
 from tessera.shards.session import JOURNAL_BASENAME
@@ -59,6 +60,8 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
             summary = run_convert(input, out_url, fmt=fmt, columns=cols, compression=compression, hashes=algos,
                                   size_limit=size_limit, workers=workers, mode=mode, text_field=text_field,
                                   progress=progress)
+    except DatasetExists as exc:
+        fail(exc.for_cli())
     except ERRORS as exc:
         fail(exc)
     if as_json:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from tessera import __version__
+from tessera.cli import console
 from tessera.cli.cluster import app as cluster_app
 from tessera.cli.data import app as data_app
 from tessera.cli.launch import CONTEXT as LAUNCH_CONTEXT
@@ -28,7 +29,10 @@ app.command("train")(train)
 
 
 @app.callback(invoke_without_command=True)
-def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit.")) -> None:
+def _root(version: bool = typer.Option(False, "--version", help="Print the version and exit."),
+          debug: bool = typer.Option(False, "--debug", help="On an error, show the Python traceback "
+                                                             "(any sub-command).")) -> None:
+    console.debug_all = debug
     if version:
         typer.echo(__version__)
         raise typer.Exit()

@@ -13,6 +13,7 @@ worker's exception in the training process: the class (and so those `except` cla
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from tessera.storage.errors import IntegrityError
@@ -143,6 +144,11 @@ class DatasetNotFound(ShardError, FileNotFoundError):
 
 class DatasetExists(ShardError, FileExistsError):
     """The writer's output already holds a dataset (or an interrupted write) and no mode says what to do."""
+
+    def for_cli(self) -> str:
+        """The message with the writer's `mode='append'` spelled as `tessera data convert`'s `--mode append`
+        (the message alone must rebuild the error, so the CLI spelling is derived from it, not stored)."""
+        return re.sub(r"mode='(\w+)'", r"--mode \1", str(self))
 
 
 class WriterError(ShardError, RuntimeError):

@@ -7,6 +7,7 @@ is absolute, empty or climbs out of its root with '..' is refused rather than re
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
@@ -14,6 +15,8 @@ from urllib.parse import urlparse
 from tessera.storage.errors import InvalidURL
 
 REMOTE_SCHEMES = ("s3", "gs", "az", "abfs", "abfss", "memory")
+# `s3:/bucket/x` or `s3:bucket` has no '://', so it would silently be a local folder named 's3:'.
+_SCHEME_WITHOUT_SLASHES = re.compile(r"^(" + "|".join(REMOTE_SCHEMES) + r"):/?(?!/)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ def parse_url(url: str | os.PathLike[str]) -> ParsedURL:
     if "://" not in text:
         if not text:
             raise InvalidURL("empty storage URL", text)
+        if (typo := _SCHEME_WITHOUT_SLASHES.match(text)) is not None:
+            scheme, rest = typo.group(1), text[typo.end():]
+            raise InvalidURL(f"{text}: a URL needs two slashes after '{scheme}:' (write {scheme}://{rest}); "
+                             f"for a local folder whose name starts with '{scheme}:', write ./{text}", text)
         return ParsedURL("file", "", str(Path(text).expanduser().resolve()))
     parts = urlparse(text)
     scheme = parts.scheme.lower()
