@@ -10,7 +10,8 @@ import typer
 from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
 from tessera.cli.console import err, fail
-from tessera.storage import StorageError, Store, copy_between, open_store, parse_url, split_url
+from tessera.storage import StorageError, Store, copy_between, open_store, split_url
+from tessera.storage.url import parse_url
 
 app = typer.Typer(help="List, copy and remove objects in local folders and buckets.", no_args_is_help=True)
 

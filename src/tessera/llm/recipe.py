@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tessera.llm.model import GPTConfig
-from tessera.storage import StorageError, parse_url
+from tessera.storage import StorageError
+from tessera.storage.url import parse_url
 from tessera.train.config import check_run_name
 from tessera.train.loggers import LOGGERS
 from tessera.train.time import Time, TimeUnit

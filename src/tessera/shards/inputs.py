@@ -20,7 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import BinaryIO
 
-from tessera.storage import NotFound, Store, open_store, parse_url, split_url
+from tessera.storage import NotFound, Store, open_store, split_url
+from tessera.storage.url import parse_url
 
 STREAM_BUFFER = 8 << 20  # bytes per ranged GET when a remote input is read as a stream (CSV/TSV)
 

@@ -2,6 +2,13 @@
 
 See docs/storage-api.md for the contract. Everything above this layer (shards, stream, train)
 reads and writes through `open_store(url)`.
+
+- `open_store(url)` -> `Store`: get, ranged and concurrent gets, atomic and conditional puts, list,
+  delete, copy; `ObjectInfo` is what `head` and `list` return.
+- `download(url, path)`, `download_from(store, key, path)`, `upload(path, url)`,
+  `copy_between(src, key, dst, key)`: whole-file transfers, verified and atomic.
+- `RetryPolicy`: jittered retries for transient errors; `split_url` splits off the last key.
+- Errors derive from `StorageError` and name the URL.
 """
 
 from tessera.storage.base import ObjectInfo, Store
@@ -16,16 +23,13 @@ from tessera.storage.errors import (
     StorageError,
     TransientError,
 )
-from tessera.storage.local import LocalStore
 from tessera.storage.open import open_store
-from tessera.storage.remote import ObjectStore
-from tessera.storage.retry import RetryPolicy, call_with_retry
-from tessera.storage.transfer import copy_between, download, download_from, hash_file, new_hasher, upload
-from tessera.storage.url import check_key, parse_url, split_url
+from tessera.storage.retry import RetryPolicy
+from tessera.storage.transfer import copy_between, download, download_from, hash_file, upload
+from tessera.storage.url import split_url
 
 __all__ = [
-    "AlreadyExists", "BucketNotFound", "IntegrityError", "InvalidURL", "LocalStore", "NotFound",
-    "ObjectInfo", "ObjectStore", "PermissionDenied", "PreconditionFailed", "RetryPolicy", "StorageError",
-    "Store", "TransientError", "call_with_retry", "check_key", "copy_between", "download", "download_from",
-    "hash_file", "new_hasher", "open_store", "parse_url", "split_url", "upload",
+    "AlreadyExists", "BucketNotFound", "IntegrityError", "InvalidURL", "NotFound", "ObjectInfo",
+    "PermissionDenied", "PreconditionFailed", "RetryPolicy", "StorageError", "Store", "TransientError",
+    "copy_between", "download", "download_from", "hash_file", "open_store", "split_url", "upload",
 ]

@@ -13,7 +13,8 @@ import os
 from pathlib import Path
 
 from tessera.shards.index import ShardEntry
-from tessera.storage import IntegrityError, new_hasher
+from tessera.storage import IntegrityError
+from tessera.storage.transfer import new_hasher
 
 # Files this process hashed and found right: (path, algorithm, digest, device, inode, size, mtime). A file
 # replaced or rewritten gets a new key and is hashed again; so does one checked against another digest.

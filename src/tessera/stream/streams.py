@@ -21,8 +21,9 @@ from tessera.shards.errors import DatasetNotFound
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
 from tessera.shards.reader import ShardReader
 from tessera.shards.text_reader import open_shard_reader
-from tessera.storage import NotFound, RetryPolicy, StorageError, Store, open_store, parse_url
+from tessera.storage import NotFound, RetryPolicy, StorageError, Store, open_store
 from tessera.storage.local import LocalStore, write_atomic
+from tessera.storage.url import parse_url
 from tessera.stream.cache import ShardCache
 from tessera.stream.forksafe import call_outside_runtime
 from tessera.stream.integrity import check_hash_recorded
