@@ -14,6 +14,8 @@ from pathlib import Path
 from tessera.platform import Platform
 
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
+# sitecustomize.py there injects faults into the processes that have this folder on their PYTHONPATH
+FAULT_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 
 
 def trainer_command(state: Path, *extra: str) -> str:

@@ -11,7 +11,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from platform_helpers import SlurmCluster, wait_for
+from platform_helpers import FAULT_PLUGINS, SlurmCluster, wait_for
 from trainer_helpers import STEPS, TIMEOUT, assert_same_run, first_checkpoint, spec, train_command
 
 from tessera.platform import Platform
@@ -58,9 +58,9 @@ def test_a_hang_is_killed_after_hang_timeout_and_resumed(platform: Platform, tin
 
 def test_an_out_of_memory_error_is_classified_and_retried(platform: Platform, tiny_data: Path, reference,
                                                           tmp_path: Path) -> None:
-    """TESSERA_FAULT_AT_STEP (src/tessera/train/faults.py) raises CUDA's out-of-memory error after batch
+    """TESSERA_FAULT_AT_STEP (tests/plugins/sitecustomize.py) raises CUDA's out-of-memory error after batch
     25 of the first attempt only; the platform reads the signature in the log: oom, retried (counted)."""
-    command = 'if [ "$TESSERA_RESUMPTION" = 0 ]; then export TESSERA_FAULT_AT_STEP=25; fi; '
+    command = f'if [ "$TESSERA_RESUMPTION" = 0 ]; then export TESSERA_FAULT_AT_STEP=25 PYTHONPATH={FAULT_PLUGINS}; fi; '
     platform.create_run(spec("oom", command + train_command(tiny_data, tmp_path)))
     run = platform.wait_for_run_status("oom", "COMPLETED", timeout=TIMEOUT)
     first, second = run.resumptions

@@ -1,8 +1,8 @@
 """The supervisor's own failure windows, with real processes and the real Slurm cluster:
 
-- killed between submitting a job and recording its id (TESSERA_SUPERVISOR_FAULT=after_submit), the
-  next supervisor finds the job (local: its launcher process; Slurm: squeue by job name) and adopts it:
-  one job, one resumption, no step run twice;
+- killed between submitting a job and recording its id (TESSERA_SUPERVISOR_FAULT=after_submit, which
+  tests/plugins/sitecustomize.py reads), the next supervisor finds the job (local: its launcher process;
+  Slurm: squeue by job name) and adopts it: one job, one resumption, no step run twice;
 - killed after recording the intent but before submitting (after_intent): the job is submitted once;
 - node exclusion that leaves fewer nodes than the run's gang: FAILED with a cause naming the excluded
   nodes and the count needed, not a job pending forever.
@@ -10,10 +10,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from platform_helpers import SlurmCluster, steps_done, trainer_command, wait_for
+from platform_helpers import FAULT_PLUGINS, SlurmCluster, steps_done, trainer_command, wait_for
 
 from tessera.platform import Platform, RunFailed
 from tessera.platform.supervisor import ensure_supervisor, supervisor_running
@@ -28,13 +29,14 @@ def spec(name: str, command: str, cluster: str = "local", nodes: int = 1) -> dic
 
 def kill_supervisor_at(platform: Platform, monkeypatch: pytest.MonkeyPatch, point: str, run_spec: dict) -> None:
     """Submit `run_spec` with a supervisor that exits at `point` of the submission; wait until it has."""
-    monkeypatch.setenv("TESSERA_SUPERVISOR_FAULT", point)
-    run = platform.create_run(run_spec)
-    # The row exists only once the supervisor holds its lock: polling the lock before that could
-    # make a starting supervisor think another one runs.
-    wait_for(lambda: platform.db.resumptions(run.id), timeout=TIMEOUT, what="the submission's intent")
-    wait_for(lambda: not supervisor_running(platform.home), timeout=TIMEOUT, what="the supervisor to die")
-    monkeypatch.delenv("TESSERA_SUPERVISOR_FAULT")
+    with monkeypatch.context() as faulty:   # the supervisor started by create_run inherits these
+        faulty.setenv("TESSERA_SUPERVISOR_FAULT", point)
+        faulty.setenv("PYTHONPATH", str(FAULT_PLUGINS), prepend=os.pathsep)
+        run = platform.create_run(run_spec)
+        # The row exists only once the supervisor holds its lock: polling the lock before that could
+        # make a starting supervisor think another one runs.
+        wait_for(lambda: platform.db.resumptions(run.id), timeout=TIMEOUT, what="the submission's intent")
+        wait_for(lambda: not supervisor_running(platform.home), timeout=TIMEOUT, what="the supervisor to die")
     [intent] = platform.db.resumptions(run.id)
     assert intent.status == "SUBMITTING" and intent.job_id is None
     assert platform.get_run(run.id).status == "PENDING"

@@ -21,7 +21,6 @@ from tessera.storage import StorageError
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
 from tessera.train.distributed import current_env
-from tessera.train.faults import faults_from_env
 from tessera.train.optim import build_optimizer
 from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
 from tessera.train.trainer import seed_all
@@ -109,8 +108,7 @@ def make_trainer(recipe: Recipe) -> Trainer:
         precision=recipe.precision, grad_clip_norm=recipe.grad_clip_norm,
         device_train_microbatch_size=recipe.device_train_microbatch_size,
         global_batch_size=recipe.global_train_batch_size, loggers=recipe.loggers, log_interval=recipe.log_interval,
-        seed=recipe.seed, run_config=run_config(recipe, model),
-        callbacks=faults_from_env())  # empty unless a test sets TESSERA_FAULT_AT_STEP (train/faults.py)
+        seed=recipe.seed, run_config=run_config(recipe, model))
 
 
 def run_config(recipe: Recipe, model: GPT) -> dict[str, Any]:

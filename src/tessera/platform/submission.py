@@ -64,7 +64,6 @@ def start_resumption(ctx: SupervisorContext, run: RunRecord, res: ResumptionReco
     # The intent first: if this process dies after sbatch succeeded but before the job id is stored,
     # the next supervisor finds the job by this row (`_adopt`) instead of orphaning it.
     ctx.db.add_resumption(ResumptionRecord(run.id, idx, run.cluster, cause, SUBMITTING, str(folder), now))
-    fault_point(ctx, "after_intent")
     try:
         handle = backend.submit(request)
     except ClusterError as exc:
@@ -77,19 +76,11 @@ def start_resumption(ctx: SupervisorContext, run: RunRecord, res: ResumptionReco
             retry_submission(ctx, run, spec, exc)
             return
         handle = found
-    fault_point(ctx, "after_submit")
     ctx.db.record_submission(run.id, idx, handle)
     excluded = f", excluding {', '.join(request.exclude)}" if request.exclude else ""
     ctx.db.add_event(run.id, "submitted", f"resumption {idx} submitted to {run.cluster} as job "
                      f"{handle.get('job_id')} ({cause}{excluded})")
     ctx.log(f"run {run.name}: resumption {idx} -> {run.cluster} job {handle.get('job_id')}")
-
-
-def fault_point(ctx: SupervisorContext, name: str) -> None:
-    """Test-only fault injection (TESSERA_SUPERVISOR_FAULT=NAME): die here as a crash would."""
-    if ctx.settings.fault == name:
-        ctx.log(f"TESSERA_SUPERVISOR_FAULT={name}: exiting at once (fault injection)")
-        os._exit(70)
 
 
 def _adopt(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord) -> bool:

@@ -29,7 +29,6 @@ class SupervisorSettings:
     idle_exit: float = 300.0     # exit after this long with no active run
     retry_backoff: float = 2.0   # first retry delay in seconds; doubles per retry, capped at 300 s
     early_window: float = 300.0  # a run without heartbeats "made progress" once it ran this long
-    fault: str = ""              # tests only: die at this point of a submission (`submission.fault_point`)
 
     @classmethod
     def from_env(cls) -> SupervisorSettings:
@@ -37,8 +36,7 @@ class SupervisorSettings:
             return float(os.environ.get(name, default))
         return cls(poll=get("TESSERA_SUPERVISOR_POLL", 1.0), idle_exit=get("TESSERA_SUPERVISOR_IDLE", 300.0),
                    retry_backoff=get("TESSERA_RETRY_BACKOFF", 2.0),
-                   early_window=get("TESSERA_EARLY_WINDOW", 300.0),
-                   fault=os.environ.get("TESSERA_SUPERVISOR_FAULT", ""))
+                   early_window=get("TESSERA_EARLY_WINDOW", 300.0))
 
 
 def cluster_backend(db: StateDB, name: str) -> ClusterBackend:
