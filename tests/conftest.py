@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import atexit
 import re
-import sys
 import uuid
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))  # so tests can `import s3server`
-
-import s3server  # noqa: E402
+import s3server
 
 # --- S3 (SeaweedFS) ------------------------------------------------------------------------------
 

@@ -4,26 +4,22 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from anchors import MDSWriter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-
-from anchors import MDSWriter  # noqa: E402
-
-from tessera.cli.main import app  # noqa: E402
-from tessera.llm.eval import mds_batches, perplexity  # noqa: E402
-from tessera.llm.model import GPT, GPTConfig  # noqa: E402
-from tessera.llm.recipe import RecipeError  # noqa: E402
-from tessera.llm.tokens import TOKEN_DTYPES, TokenColumnError, TokenWindows, token_collate  # noqa: E402
-from tessera.shards import ShardWriter  # noqa: E402
+from tessera.cli.main import app
+from tessera.llm.eval import mds_batches, perplexity
+from tessera.llm.model import GPT, GPTConfig
+from tessera.llm.recipe import RecipeError
+from tessera.llm.tokens import TOKEN_DTYPES, TokenColumnError, TokenWindows, token_collate
+from tessera.shards import ShardWriter
 
 runner = CliRunner()
 L = 32

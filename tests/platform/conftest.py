@@ -13,14 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from platform_helpers import SlurmCluster
+from trainer_helpers import STEPS, TIMEOUT, final_weights, losses, train_command, write_corpus
 
 from tessera.platform import Platform
 from tessera.platform.clusters.local import _processes_running
 from tessera.platform.supervisor import stop_supervisor
-
-sys.path.insert(0, str(Path(__file__).parent))
-from platform_helpers import SlurmCluster  # noqa: E402
-from trainer_helpers import STEPS, TIMEOUT, final_weights, losses, train_command, write_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

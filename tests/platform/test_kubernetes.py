@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("kubernetes")
 
-sys.path.insert(0, str(Path(__file__).parent))
-from k8s_stub import KubeStub  # noqa: E402
+from k8s_stub import KubeStub
 
-from tessera.platform.clusters.base import JobState, LaunchRequest  # noqa: E402
-from tessera.platform.clusters.kubernetes import KubernetesBackend, build_manifests, job_name  # noqa: E402
-from tessera.platform.errors import ClusterError  # noqa: E402
-from tessera.platform.spec import parse_spec  # noqa: E402
+from tessera.platform.clusters.base import JobState, LaunchRequest
+from tessera.platform.clusters.kubernetes import KubernetesBackend, build_manifests, job_name
+from tessera.platform.errors import ClusterError
+from tessera.platform.spec import parse_spec
 
 SECRET = "k8s-secret-value-93a1"
 

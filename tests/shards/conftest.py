@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from shard_helpers import MIXED_COLUMNS, mixed_sample
 
-sys.path.insert(0, str(Path(__file__).parent))  # so the tests can `import shard_helpers`
-
-from shard_helpers import MIXED_COLUMNS, mixed_sample  # noqa: E402
-
-from tessera.shards import ShardWriter  # noqa: E402
+from tessera.shards import ShardWriter
 
 
 @pytest.fixture

@@ -7,20 +7,17 @@ message) and pickling with their class and attributes."""
 from __future__ import annotations
 
 import pickle
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anchors  # (registers the torchvision stand-in, then imports streaming)
 import numpy as np
 import pytest
 from torch.utils.data._utils import ExceptionWrapper
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import anchors  # noqa: E402  (registers the torchvision stand-in, then imports streaming)
-
-from tessera.shards import MDSDataset, ShardWriter  # noqa: E402
-from tessera.shards.errors import (  # noqa: E402
+from tessera.shards import MDSDataset, ShardWriter
+from tessera.shards.errors import (
     ColumnMismatch,
     DatasetExists,
     DatasetNotFound,
@@ -32,9 +29,9 @@ from tessera.shards.errors import (  # noqa: E402
     ShardError,
     UnknownEncoding,
 )
-from tessera.storage import open_store  # noqa: E402
-from tessera.storage.errors import InvalidURL, NotFound  # noqa: E402
-from tessera.stream import CacheLimitError, StreamingDataset  # noqa: E402
+from tessera.storage import open_store
+from tessera.storage.errors import InvalidURL, NotFound
+from tessera.stream import CacheLimitError, StreamingDataset
 
 
 def _write(folder: Path, n: int = 20, **kwargs: Any) -> Path:

@@ -9,23 +9,19 @@ A real empty shard (MosaicML's quirk when the first sample is larger than the si
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from anchors import MDSWriter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from shard_helpers import read_json
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/, for anchors
-
-from anchors import MDSWriter  # noqa: E402
-
-from tessera.cli.main import app  # noqa: E402
-from tessera.shards import MDSDataset, ShardWriter  # noqa: E402
-from tessera.shards.index import DatasetIndex, InconsistentIndex  # noqa: E402
-from tessera.stream import StreamingDataset  # noqa: E402
+from tessera.cli.main import app
+from tessera.shards import MDSDataset, ShardWriter
+from tessera.shards.index import DatasetIndex, InconsistentIndex
+from tessera.stream import StreamingDataset
 
 runner = CliRunner()
 

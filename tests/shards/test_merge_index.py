@@ -6,22 +6,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
+import anchors  # (registers the torchvision stand-in, then imports streaming)
 import pytest
+from streaming.base.util import merge_index as mosaic_merge_index
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import anchors  # noqa: E402  (registers the torchvision stand-in, then imports streaming)
-from streaming.base.util import merge_index as mosaic_merge_index  # noqa: E402
-
-from tessera.cli.main import app  # noqa: E402
-from tessera.shards import MDSDataset, ShardWriter  # noqa: E402
-from tessera.shards.errors import DatasetNotFound, IndexFormatError  # noqa: E402
-from tessera.shards.merge import merge_index  # noqa: E402
-from tessera.shards.text_writer import CSVWriter  # noqa: E402
-from tessera.stream import StreamingDataset  # noqa: E402
+from tessera.cli.main import app
+from tessera.shards import MDSDataset, ShardWriter
+from tessera.shards.errors import DatasetNotFound, IndexFormatError
+from tessera.shards.merge import merge_index
+from tessera.shards.text_writer import CSVWriter
+from tessera.stream import StreamingDataset
 
 PARTS = ["part-1", "part0", "part1"]  # "part-1" sorts before "part0/" ('-' < '/'), as Mosaic lists them
 

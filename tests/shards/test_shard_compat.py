@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import io
-import sys
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+import anchors  # (registers the torchvision stand-in, then imports streaming)
 import numpy as np
 import pytest
 from PIL import Image
+from streaming import CSVWriter, JSONWriter, TSVWriter, XSVWriter
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import anchors  # noqa: E402  (registers the torchvision stand-in, then imports streaming)
-from streaming import CSVWriter, JSONWriter, TSVWriter, XSVWriter  # noqa: E402
-
-from tessera.shards import MDSDataset, ShardWriter, repair_index  # noqa: E402
+from tessera.shards import MDSDataset, ShardWriter, repair_index
 
 ALL_ENCODINGS = {
     "bytes": "bytes", "str": "str", "int": "int", "i8": "int8", "i16": "int16", "i32": "int32", "i64": "int64",

@@ -7,20 +7,17 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+import anchors  # (registers the torchvision stand-in, then imports streaming)
 import pytest
+import streaming
 from typer.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import anchors  # noqa: E402  (registers the torchvision stand-in, then imports streaming)
-import streaming  # noqa: E402
-
-from tessera.cli.main import app  # noqa: E402
-from tessera.shards import MDSDataset  # noqa: E402
-from tessera.shards.errors import (  # noqa: E402
+from tessera.cli.main import app
+from tessera.shards import MDSDataset
+from tessera.shards.errors import (
     ColumnMismatch,
     CorruptShard,
     EncodeError,
@@ -28,10 +25,10 @@ from tessera.shards.errors import (  # noqa: E402
     HashMismatch,
     UnknownEncoding,
 )
-from tessera.shards.text_writer import CSVWriter, JSONWriter, TSVWriter, XSVWriter  # noqa: E402
-from tessera.shards.verify import verify_dataset  # noqa: E402
-from tessera.shards.writer import MDSWriter  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
+from tessera.shards.text_writer import CSVWriter, JSONWriter, TSVWriter, XSVWriter
+from tessera.shards.verify import verify_dataset
+from tessera.shards.writer import MDSWriter
+from tessera.stream import StreamingDataLoader, StreamingDataset
 
 COLUMNS = {"id": "int", "text": "str", "score": "float"}
 PAIRS = {"json": (JSONWriter, streaming.JSONWriter, {}), "csv": (CSVWriter, streaming.CSVWriter, {}),

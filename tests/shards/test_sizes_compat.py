@@ -3,19 +3,16 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+import anchors  # noqa: F401  (registers the torchvision stand-in, then imports streaming)
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from streaming.base.util import bytes_to_int, number_abbrev_to_int
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-import anchors  # noqa: E402,F401  (registers the torchvision stand-in, then imports streaming)
-from streaming.base.util import bytes_to_int, number_abbrev_to_int  # noqa: E402
-
-from tessera.shards.sizes import parse_count, parse_size  # noqa: E402
+from tessera.shards.sizes import parse_count, parse_size
 
 MOSAIC_BYTE_UNITS = ("kb", "mb", "gb", "tb", "pb", "eb", "zb", "yb")
 

@@ -2,14 +2,8 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import helpers
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

@@ -102,8 +102,9 @@ def rank_env(rank: int, world_size: int, local_world_size: int, **extra: str) ->
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "SLURM_"))}
     env.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(local_world_size),
                LOCAL_RANK=str(rank % local_world_size), OMP_NUM_THREADS="1", **extra)
-    src = str(HERE.parents[1] / "src")
-    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    # reader_proc.py imports fork_server from tests/ (its own folder is on its path as a script's is)
+    path = [str(HERE.parents[1] / "src"), str(HERE.parent), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
     return env
 
 

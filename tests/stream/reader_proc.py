@@ -34,15 +34,11 @@ import sys
 import time
 from pathlib import Path
 
+import fork_server
+import helpers
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fork_server
-
-import fork_server  # noqa: E402
-import helpers  # noqa: E402
-
-from tessera.stream import Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
+from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 
 
 def make_dataset(kwargs: dict) -> StreamingDataset:

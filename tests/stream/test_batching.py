@@ -4,22 +4,18 @@ real StreamingDataset / StreamingDataLoader iterations in this process (0 and 2 
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
+from tessera.stream.mixing import StreamShards
+from tessera.stream.plan import PlanConfig, RunPlan
+from tessera.stream.schedule import DeviceLayout
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-
-from tessera.stream import PlanStateMismatch, Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
-from tessera.stream.batching import StreamPlans, stratified_counts  # noqa: E402
-from tessera.stream.mixing import StreamShards  # noqa: E402
-from tessera.stream.plan import PlanConfig, RunPlan  # noqa: E402
-from tessera.stream.schedule import DeviceLayout  # noqa: E402
+from tessera.stream import PlanStateMismatch, Stream, StreamingDataLoader, StreamingDataset
+from tessera.stream.batching import StreamPlans, stratified_counts
 
 G = 12
 LAYOUTS = [(1, None), (2, None), (2, 1), (4, 2), (4, 1)]  # (world size, ranks per node)

@@ -12,22 +12,18 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
+from helpers import Proc, flatten, run_layout, wait_all
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-from helpers import Proc, flatten, run_layout, wait_all  # noqa: E402
-
-from tessera.shards import ShardWriter  # noqa: E402
-from tessera.storage import open_store  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset, download_counts  # noqa: E402
+from tessera.shards import ShardWriter
+from tessera.storage import open_store
+from tessera.stream import StreamingDataLoader, StreamingDataset, download_counts
 
 N = 1280  # samples
 BLOB = 4096  # bytes per sample: 40 shards of 32 samples (~131 KB each)

@@ -16,24 +16,20 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
+from helpers import Proc, flatten, global_batches, run_layout, wait_all
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-from helpers import Proc, flatten, global_batches, run_layout, wait_all  # noqa: E402
-
-from tessera.shards import DatasetNotFound, ShardWriter  # noqa: E402
-from tessera.storage import open_store  # noqa: E402
-from tessera.storage.local import is_temp_name  # noqa: E402
-from tessera.stream import (  # noqa: E402
+from tessera.shards import DatasetNotFound, ShardWriter
+from tessera.storage import open_store
+from tessera.storage.local import is_temp_name
+from tessera.stream import (
     CacheLimitError,
     PlanStateMismatch,
     Stream,

@@ -9,23 +9,19 @@ workers, resume on another world size, refused states) through `StreamingDataset
 from __future__ import annotations
 
 import json
-import sys
 from collections import Counter
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
+from tessera.stream.device_per_stream import CHUNK, DevicePerStreamSchedule
+from tessera.stream.mixing import StreamShards
+from tessera.stream.plan import PlanConfig, RunPlan
+from tessera.stream.schedule import DeviceLayout
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import helpers  # noqa: E402
-
-from tessera.stream import PlanStateMismatch, Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
-from tessera.stream.batching import StreamPlans  # noqa: E402
-from tessera.stream.device_per_stream import CHUNK, DevicePerStreamSchedule  # noqa: E402
-from tessera.stream.mixing import StreamShards  # noqa: E402
-from tessera.stream.plan import PlanConfig, RunPlan  # noqa: E402
-from tessera.stream.schedule import DeviceLayout  # noqa: E402
+from tessera.stream import PlanStateMismatch, Stream, StreamingDataLoader, StreamingDataset
+from tessera.stream.batching import StreamPlans
 
 B = 4  # device batch size of the plan-level tests
 

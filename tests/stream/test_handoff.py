@@ -19,26 +19,23 @@ import sys
 import threading
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tessera.stream.schedule import DeviceLayout, WorkerBatches, group_sizes
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-
-from tessera.shards.reader import ShardReader  # noqa: E402
-from tessera.storage import NotFound  # noqa: E402
-from tessera.storage import fork_gate as fork_gate_module  # noqa: E402
-from tessera.stream import (  # noqa: E402
+from tessera.shards.reader import ShardReader
+from tessera.storage import NotFound
+from tessera.storage import fork_gate as fork_gate_module
+from tessera.stream import (
     StreamingDataLoader,
     StreamingDataset,
-    forksafe,  # noqa: E402
+    forksafe,
 )
-from tessera.stream.forksafe import call_outside_runtime  # noqa: E402
-from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather  # noqa: E402
-from tessera.stream.schedule import DeviceLayout, WorkerBatches, group_sizes  # noqa: E402
+from tessera.stream.forksafe import call_outside_runtime
+from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,20 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
+import helpers
 import pytest
 import zstandard
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-
-from tessera.shards import ShardWriter  # noqa: E402
-from tessera.shards.errors import CorruptShard  # noqa: E402
-from tessera.storage import IntegrityError, open_store  # noqa: E402
-from tessera.stream import StreamingDataset, integrity  # noqa: E402
+from tessera.shards import ShardWriter
+from tessera.shards.errors import CorruptShard
+from tessera.storage import IntegrityError, open_store
+from tessera.stream import StreamingDataset, integrity
 
 N = 90
 COLUMNS = {"id": "int", "s": "str"}

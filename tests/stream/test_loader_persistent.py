@@ -4,19 +4,15 @@ fresh workers would, every epoch, after a resume, and after an epoch broken off 
 from __future__ import annotations
 
 import multiprocessing
-import sys
 from itertools import islice
 from pathlib import Path
 
+import helpers
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-
-from tessera.shards import ShardWriter  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
-from tessera.stream.slots import FILLED  # noqa: E402
+from tessera.shards import ShardWriter
+from tessera.stream import StreamingDataLoader, StreamingDataset
+from tessera.stream.slots import FILLED
 
 N, B, EPOCHS = 240, 4, 3
 def forkserver() -> multiprocessing.context.BaseContext:

@@ -11,21 +11,17 @@ import hashlib
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
+import helpers
 import numpy as np
 import pytest
 import zstandard
+from anchors import MDSWriter
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-from anchors import MDSWriter  # noqa: E402
-
-from tessera.shards import MDSDataset  # noqa: E402
-from tessera.shards.errors import ShardFormatError, TruncatedShard  # noqa: E402
-from tessera.stream import Stream, StreamingDataLoader, StreamingDataset  # noqa: E402
+from tessera.shards import MDSDataset
+from tessera.shards.errors import ShardFormatError, TruncatedShard
+from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 
 N = 120
 

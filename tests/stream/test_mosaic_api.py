@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ N = 100  # samples in the "seq" dataset: value i at global index i
 
 @pytest.fixture(scope="module")
 def mosaic() -> Any:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     import anchors  # noqa: F401  (the torchvision stand-in, before `streaming` is imported)
     import streaming
 

@@ -4,20 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import math
-import sys
 import time
 import tracemalloc
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
+from shuffle_quality import sequence_quality, shuffle_quality
 from tessera.stream.mixing import StreamShards, resolve_choose, split_count
 from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.schedule import DeviceLayout, rank_positions
-from tessera.stream.shuffle import feistel_permute, sequence_quality, shuffle_quality
+
+from tessera.stream.shuffle import feistel_permute
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -392,7 +391,6 @@ def test_feistel_images_are_uniform_across_keys():
 
 def py1e_order(sizes: np.ndarray, lanes: int, seed: int, epoch: int, block: int) -> np.ndarray:
     """MosaicML's py1e order, interleaved over lanes like ours (short lanes padded the same way)."""
-    sys.path.insert(0, str(Path(__file__).parents[1]))
     import anchors  # noqa: F401  (registers the torchvision stand-in before `streaming` is imported)
     from streaming.base.shuffle import get_shuffle_py1e
 

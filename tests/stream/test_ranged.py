@@ -9,22 +9,19 @@ from __future__ import annotations
 
 import os
 import struct
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import helpers  # noqa: E402
-
-from tessera.shards import ShardWriter  # noqa: E402
-from tessera.shards.errors import CorruptShard  # noqa: E402
-from tessera.storage import open_store  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset, ranged  # noqa: E402
+from tessera.shards import ShardWriter
+from tessera.shards.errors import CorruptShard
+from tessera.storage import open_store
+from tessera.stream import StreamingDataLoader, StreamingDataset, ranged
 
 N, BLOB = 240, 4000  # ~24 samples per shard of 100 kB: 10 shards
 

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import pickle
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,14 +21,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tessera.shards.reader import ShardReader  # noqa: E402
-from tessera.shards.writer import ShardWriter  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset, slots  # noqa: E402
-from tessera.stream.gather import gather  # noqa: E402
-from tessera.stream.row_addresses import RowAddresses  # noqa: E402
-from tessera.stream.slots import FILLED, FREE, OUT, SlotRing  # noqa: E402
+from tessera.shards.reader import ShardReader
+from tessera.shards.writer import ShardWriter
+from tessera.stream import StreamingDataLoader, StreamingDataset, slots
+from tessera.stream.gather import gather
+from tessera.stream.row_addresses import RowAddresses
+from tessera.stream.slots import FILLED, FREE, OUT, SlotRing
 
 FIXED = {"id": "int", "x": "ndarray:int16:5", "w": "float32", "tokens": "ndarray:uint16:3,4"}
 

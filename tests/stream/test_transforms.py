@@ -8,21 +8,17 @@ next epoch.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+import helpers
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import helpers  # noqa: E402
-
-from tessera.shards import ShardWriter  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
+from tessera.shards import ShardWriter
+from tessera.stream import StreamingDataLoader, StreamingDataset
 
 N = 60
 

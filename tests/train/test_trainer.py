@@ -37,6 +37,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 SCRIPT = str(Path(tr.__file__).resolve())
 PYTHON = sys.executable
 SRC = str(Path(__file__).resolve().parents[2] / "src")
+TESTS = str(Path(__file__).resolve().parents[1])   # trainer_run.py imports fork_server from there
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def dataset(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "SLURM_", "TORCHELASTIC"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=SRC + os.pathsep + env.get("PYTHONPATH", ""), **extra)
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(filter(None, [SRC, TESTS, env.get("PYTHONPATH")])), **extra)
     return env
 
 

@@ -17,15 +17,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import fork_server
 import numpy as np
 import torch
 
 from tessera.shards import ShardWriter
 from tessera.stream import StreamingDataLoader, StreamingDataset
 from tessera.train import Callback, CosineWithWarmup, SimulatedOutOfMemory, Trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: fork_server
-import fork_server  # noqa: E402
 
 COLUMNS = {"id": "int", "x": "ndarray:float32:8", "y": "int"}
 FEATURES, CLASSES = 8, 4
