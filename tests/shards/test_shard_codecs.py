@@ -14,8 +14,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.shards import HASH_ALGORITHMS, hash_hex, parse_compression, parse_size, valid_compressions
-from tessera.shards.hashing import Digests, normalize_hashes
+from tessera.shards.compression import parse_compression, valid_compressions
+from tessera.shards.hashing import HASH_ALGORITHMS, Digests, hash_hex, normalize_hashes
+from tessera.shards.sizes import parse_size
 
 DATA = b"tessera " * 3000 + bytes(range(256))
 

@@ -15,8 +15,16 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from tessera.shards import ENCODING_NAMES, encoding_size, get_encoding, is_encoding, is_safe
-from tessera.shards.encodings import NDARRAY_DTYPE_CODES, NDArrayEncoding, encode_value
+from tessera.shards.encodings import (
+    ENCODING_NAMES,
+    NDARRAY_DTYPE_CODES,
+    NDArrayEncoding,
+    encode_value,
+    encoding_size,
+    get_encoding,
+    is_encoding,
+    is_safe,
+)
 
 INTS = ["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"]
 FLOATS = {"float16": 16, "float32": 32, "float64": 64}

@@ -39,7 +39,7 @@ def tokenizer_train(inputs: list[str] = typer.Argument(..., metavar="INPUT...", 
     import time
 
     from tessera.llm.tokenizer import train_bpe
-    from tessera.shards import parse_size
+    from tessera.shards.sizes import parse_size
 
     try:
         t0 = time.perf_counter()

@@ -1,26 +1,21 @@
-"""How samples become bytes: MDS encodings, compression, hashing, the index model, writer and readers.
+"""How samples become bytes: MDS shards, written, read, converted, verified and repaired.
 
-Byte-compatible with MosaicML Streaming's MDS format both ways (see MDS.md). Main entry points:
+Byte-compatible with MosaicML Streaming's MDS format both ways. Main entry points:
 
 - `ShardWriter(out, columns, ...)`: write a dataset to a folder or any storage URL, committed atomically.
-- `MDSDataset(url, ...)`: random access over a local or remote dataset (`len`, `ds[i]`, `get_batch`).
-- `ShardReader(path, entry)`: one shard file, memory-mapped.
-- `repair_index(url)`: rebuild a lost index.json from the shard files.
-- `merge_index(out)`: one index.json over parts written in parallel (MosaicML's merge_index).
 - `MDSWriter`, `JSONWriter`, `CSVWriter`, `TSVWriter`, `XSVWriter`: MosaicML's writers' signatures and bytes.
+- `MDSDataset(url, ...)`: random access over a local or remote dataset (`len`, `ds[i]`, `get_batch`).
+- `ShardReader(path, entry)`, `TextShardReader(path, meta, entry)`: one shard file; `read_index(store)`
+  and `DatasetIndex` / `ShardEntry`: the dataset's index.json.
+- `tessera.shards.convert.convert(input, out)`: JSONL, Parquet, CSV/TSV, text or images to MDS, in
+  parallel (`tessera data convert`). It stays in its module: a function named `convert` here would hide
+  the module of the same name.
+- `verify_dataset(url)`: check every file against the index; `repair_index(url)`: rebuild a lost
+  index.json from the shard files; `merge_index(out)`: one index.json over parts written in parallel.
+- Errors derive from `ShardError`; malformed files raise a `ShardFormatError` naming the file.
 """
 
-from tessera.shards.compression import Compression, parse_compression, valid_compressions
 from tessera.shards.dataset import MDSDataset, read_index
-from tessera.shards.encodings import (
-    ENCODING_NAMES,
-    Encoding,
-    FixedEncoding,
-    encoding_size,
-    get_encoding,
-    is_encoding,
-    is_safe,
-)
 from tessera.shards.errors import (
     ColumnMismatch,
     CorruptShard,
@@ -39,23 +34,19 @@ from tessera.shards.errors import (
     UnsafeEncoding,
     WriterError,
 )
-from tessera.shards.hashing import HASH_ALGORITHMS, hash_hex, is_hash
-from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, ShardEntry
+from tessera.shards.index import DatasetIndex, ShardEntry
 from tessera.shards.merge import merge_index
 from tessera.shards.reader import ShardReader
 from tessera.shards.repair import repair_index
-from tessera.shards.sizes import parse_count, parse_size
 from tessera.shards.text_reader import TextShardReader
 from tessera.shards.text_writer import CSVWriter, JSONWriter, TSVWriter, XSVWriter
+from tessera.shards.verify import verify_dataset
 from tessera.shards.writer import MDSWriter, ShardWriter
 
 __all__ = [
-    "CSVWriter", "ColumnMismatch", "EncodeTypeError", "JSONWriter", "MDSWriter", "MissingShard", "TSVWriter",
-    "XSVWriter", "merge_index", "parse_count",
-    "ENCODING_NAMES", "HASH_ALGORITHMS", "INDEX_BASENAME", "Compression", "CorruptShard", "DatasetExists",
-    "DatasetIndex", "DatasetNotFound", "EncodeError", "Encoding", "FileInfo", "FixedEncoding", "HashMismatch",
-    "IndexFormatError", "MDSDataset", "PathTraversal", "ShardEntry", "ShardError", "ShardFormatError",
-    "ShardReader", "ShardWriter", "TextShardReader", "TruncatedShard", "UnknownEncoding", "UnsafeEncoding",
-    "WriterError", "encoding_size", "get_encoding", "hash_hex", "is_encoding", "is_hash", "is_safe",
-    "parse_compression", "parse_size", "read_index", "repair_index", "valid_compressions",
+    "CSVWriter", "ColumnMismatch", "CorruptShard", "DatasetExists", "DatasetIndex", "DatasetNotFound",
+    "EncodeError", "EncodeTypeError", "HashMismatch", "IndexFormatError", "JSONWriter", "MDSDataset",
+    "MDSWriter", "MissingShard", "PathTraversal", "ShardEntry", "ShardError", "ShardFormatError",
+    "ShardReader", "ShardWriter", "TSVWriter", "TextShardReader", "TruncatedShard", "UnknownEncoding",
+    "UnsafeEncoding", "WriterError", "XSVWriter", "merge_index", "read_index", "repair_index", "verify_dataset",
 ]
