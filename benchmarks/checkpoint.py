@@ -21,18 +21,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import torch
 
-import torch  # noqa: E402
-
-from tessera.storage import open_store  # noqa: E402
-from tessera.train.checkpoint import CheckpointManager, capture_state  # noqa: E402
-from tessera.train.time import Timestamp  # noqa: E402
+from tessera.storage import open_store
+from tessera.train.checkpoint import CheckpointManager, capture_state
+from tessera.train.time import Timestamp
 
 
 def make_state(params_m: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -138,7 +135,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="tessera-bench-ckpt-") as tmp:
         targets = [("local", str(Path(tmp) / "ckpt"))]
         if not args.no_s3:
-            from s3server import start_server
+            from tests_shared import tests_module
+
+            start_server = tests_module("s3server").start_server
 
             server = start_server(buckets=("bench",))
             os.environ.update(server.env())

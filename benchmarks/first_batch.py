@@ -27,10 +27,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import stream as S  # noqa: E402
-import workloads as W  # noqa: E402
+import stream as S
+import workloads as W
 
 LIBS = ("tessera", "mosaic")
 

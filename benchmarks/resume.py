@@ -41,21 +41,18 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from tessera.llm.model import GPT, GPTConfig  # noqa: E402
-from tessera.shards import ShardWriter  # noqa: E402
-from tessera.stream import StreamingDataLoader, StreamingDataset  # noqa: E402
-from tessera.train import Callback, Trainer  # noqa: E402
+from tessera.llm.model import GPT, GPTConfig
+from tessera.shards import ShardWriter
+from tessera.stream import StreamingDataLoader, StreamingDataset
+from tessera.train import Callback, Trainer
 
 WIDTH = 2048
 BATCH = 8
@@ -213,7 +210,9 @@ def main() -> None:
         targets: list[tuple[str, str, str | None]] = [("local", str(root / "ckpt"), None)]
         try:
             if not args.no_s3:
-                from s3server import start_server
+                from tests_shared import tests_module
+
+                start_server = tests_module("s3server").start_server
 
                 from tessera.storage import open_store
 

@@ -47,8 +47,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import workloads as W  # noqa: E402
+import workloads as W
 
 COMPRESSIONS = (None, "zstd")
 JSONL_FULL = 800_000  # documents of 200-2,000 characters: ~0.9 GB of JSONL

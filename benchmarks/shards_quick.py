@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+from tests_shared import tests_module
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "tests"))
-import anchors  # noqa: E402  (torchvision stand-in, then `import streaming`)
+from tessera.shards import MDSDataset, ShardWriter
 
-from tessera.shards import MDSDataset, ShardWriter  # noqa: E402
+anchors = tests_module("anchors")  # torchvision stand-in, then `import streaming`
 
 COLUMNS = {"tokens": "ndarray:uint16:2048"}
 

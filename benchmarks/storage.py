@@ -14,17 +14,14 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from boto3.s3.transfer import TransferConfig
+from tests_shared import tests_module
 
-from boto3.s3.transfer import TransferConfig  # noqa: E402
-from s3server import start_server  # noqa: E402
-
-from tessera.storage import download, open_store  # noqa: E402
+from tessera.storage import download, open_store
 
 SINGLE = TransferConfig(use_threads=False)
 
@@ -56,7 +53,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    server = start_server(buckets=("bench",))
+    server = tests_module("s3server").start_server(buckets=("bench",))
     results = []
     try:
         os.environ.update(server.env())

@@ -61,9 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import workloads as W  # noqa: E402
+import workloads as W
 
 BATCH = 64
 WORKERS = 2
@@ -163,14 +161,15 @@ def _mark(path: Path, n: int) -> None:
 def _litdata_child(out: Path, workload: str, source: Path, n: int) -> None:
     """litdata.optimize spawns workers that re-import the main module: run it from a light child process."""
     bench = str(Path(__file__).resolve().parent)
-    code = (f"import sys; sys.path.insert(0, {bench!r}); import workloads as W; from pathlib import Path\n"
+    code = ("import workloads as W; from pathlib import Path\n"
             "if __name__ == '__main__':\n"
             f"    out, kind, src, n = Path({str(out)!r}), {workload!r}, Path({str(source)!r}), {n}\n"
             "    if kind == 'tokens':\n"
             "        W.litdata_write(out, W.TokenRow(str(src)), list(range(n)), None, 2)\n"
             "    else:\n"
             "        W.litdata_write(out, W.lit_image, W.make_images(src, n), None, 2)\n")
-    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [bench, os.environ.get("PYTHONPATH")]))}
+    subprocess.run([sys.executable, "-c", code], check=True, stdout=subprocess.DEVNULL, env=env)
 
 
 class Env:
@@ -190,7 +189,9 @@ class Env:
 
     def start_server(self) -> None:
         if self.server is None:
-            from s3server import start_server
+            from tests_shared import tests_module
+
+            start_server = tests_module("s3server").start_server
 
             self.server = start_server(buckets=("bench",))
             os.environ.update(self.server.env())

@@ -33,16 +33,15 @@ from typing import Any
 import numpy as np
 
 os.environ.setdefault("LITDATA_DISABLE_VERSION_CHECK", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 
 def mosaic():
     """tests/anchors.py (torchvision stand-in, then `import streaming`), imported on first use so that
     processes that only write with Tessera or litdata do not pay for it."""
-    import anchors
+    from tests_shared import tests_module
 
-    return anchors
+    return tests_module("anchors")
 
 TOKENS_FULL = 244_140  # x 4096 bytes = 1.0 GB
 IMAGES_FULL = 50_000
