@@ -51,8 +51,7 @@ def test_tokenizer_prep_eval_generate(tmp_path):
 
 
 def test_export_from_checkpoint_and_info(tmp_path):
-    from tessera.train.checkpoint import CheckpointManager
-    from tessera.train.checkpoint_io import capture_state
+    from tessera.train.checkpoint import CheckpointManager, capture_state
     from tessera.train.time import Timestamp
 
     model = small_model(seed=2)

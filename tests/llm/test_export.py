@@ -39,8 +39,7 @@ def test_round_trip_through_a_bucket_url_without_tokenizer():
 
 
 def test_load_from_a_training_checkpoint(tmp_path):
-    from tessera.train.checkpoint import CheckpointManager
-    from tessera.train.checkpoint_io import capture_state
+    from tessera.train.checkpoint import CheckpointManager, capture_state
     from tessera.train.time import Timestamp
 
     model = small_model(seed=6, attn="rope")

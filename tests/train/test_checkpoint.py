@@ -34,6 +34,7 @@ from tessera.train.checkpoint import (
     derive_rng_state,
     restore_rng_state,
 )
+from tessera.train.checkpoint.retention import checkpoints_to_delete
 from tessera.train.time import Timestamp
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -188,7 +189,7 @@ def test_round_trip_is_bitwise_and_training_continues_identically(any_store_url)
     reference, _ = train_steps(model, opt, sched, 3, ts)
 
     model2, opt2, sched2 = make_training(seed=1)
-    state = CheckpointManager(any_store_url + "/rt/ckpt").autoresume()
+    state = CheckpointManager(any_store_url + "/rt/ckpt").latest()
     apply_state(state, model2, [opt2], [sched2])
     assert_same(saved, snapshot(model2, opt2, sched2))
     assert state["timestamp"] == ts.state_dict() and state["dataloader"] == {"consumed": 48}
@@ -324,7 +325,7 @@ def test_failure_before_the_manifest_leaves_the_previous_checkpoint(memory_url):
     store = open_store(memory_url)
     assert store.get("latest") == b"ep0-ba1" and store.exists("ep0-ba2/model.pt")
     with pytest.warns(CheckpointWarning, match=r"ep0-ba2.*incomplete \(no manifest.json"):
-        state = CheckpointManager(memory_url).autoresume()
+        state = CheckpointManager(memory_url).latest()
     assert state["checkpoint"]["name"] == "ep0-ba1"
     model2, opt2, sched2 = make_training(seed=1)
     apply_state(state, model2, [opt2], [sched2])
@@ -371,7 +372,7 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, kind):
     assert open_store(url).get("latest") == b"ep0-ba2"
     fragment = _damage(open_store(url), kind)
     with pytest.warns(CheckpointWarning) as caught:
-        state = CheckpointManager(url).autoresume()
+        state = CheckpointManager(url).latest()
     message = " ".join(str(w.message) for w in caught)
     assert "ep0-ba2" in message and fragment in message
     assert state["checkpoint"]["name"] == "ep0-ba1"
@@ -385,7 +386,7 @@ def test_damaged_newest_checkpoint_falls_back_with_a_warning(tmp_path, kind):
 
 def test_no_checkpoint_and_no_usable_checkpoint(memory_url):
     mgr = CheckpointManager(memory_url)
-    assert mgr.autoresume() is None
+    assert mgr.latest() is None
     with pytest.raises(CheckpointNotFound):
         mgr.load()
     model, opt, sched = make_training()
@@ -395,7 +396,7 @@ def test_no_checkpoint_and_no_usable_checkpoint(memory_url):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CheckpointWarning)
         with pytest.raises(CheckpointCorrupt, match="no usable checkpoint.*model.pt: missing"):
-            mgr.autoresume()
+            mgr.latest()
 
 
 def test_only_partial_checkpoints_start_from_the_beginning_with_a_warning(memory_url):
@@ -408,7 +409,7 @@ def test_only_partial_checkpoints_start_from_the_beginning_with_a_warning(memory
     mgr.store.delete("ep0-ba1/manifest.json")
     mgr.store.delete("latest")
     with pytest.warns(CheckpointWarning) as caught:
-        assert mgr.autoresume() is None
+        assert mgr.latest() is None
     assert "no committed checkpoint, only partial ones" in str(caught[-1].message)
     assert "ep0-ba1" in str(caught[-1].message)
 
@@ -469,7 +470,29 @@ def test_retention_keeps_the_newest_k_and_every_nth(memory_url, keep, every, exp
         mgr.wait()
     assert mgr.checkpoints() == [f"ep0-ba{b}" for b in reversed(expected)]
     assert store.get("latest") == b"ep0-ba10"
-    assert CheckpointManager(memory_url).autoresume()["checkpoint"]["name"] == "ep0-ba10"
+    assert CheckpointManager(memory_url).latest()["checkpoint"]["name"] == "ep0-ba10"
+
+
+def test_retention_removes_dropped_folders_from_a_local_save_folder(tmp_path):
+    """A local folder keeps empty directories where an object store has none: retention must remove
+    a dropped checkpoint's directory itself, including files a listing does not show."""
+    model, opt, sched = make_training()
+    folder = tmp_path / "ckpt"
+    mgr = CheckpointManager(folder, num_to_keep=3)
+    for batch in range(1, 9):
+        save_checkpoint(mgr, model, opt, sched, Timestamp(batch=batch))
+        mgr.wait()
+        if batch == 2:  # a leftover temporary file of an interrupted upload
+            (folder / "ep0-ba2" / ".model.pt.tmp-upload").write_bytes(b"partial")
+    assert sorted(p.name for p in folder.iterdir()) == ["ep0-ba6", "ep0-ba7", "ep0-ba8", "latest"]
+
+
+def test_checkpoints_to_delete_keeps_the_pointer_current_and_newer_timelines():
+    committed = {"model.pt": 1, "manifest.json": 1}
+    folders = {"ep0-ba1": committed, "ep0-ba2": {"model.pt": 1}, "ep0-ba3": committed, "ep0-ba4": committed,
+               "ep0-ba5": committed, "ep0-ba9": {"model.pt": 1}}
+    assert checkpoints_to_delete(folders, "ep0-ba5", "ep0-ba1", 2, None) == ("ep0-ba3", "ep0-ba2")
+    assert checkpoints_to_delete(folders, "ep0-ba5", "ep0-ba5", 1, 2) == ("ep0-ba3", "ep0-ba2", "ep0-ba1")
 
 
 def test_retention_leaves_newer_folders_of_an_abandoned_timeline(memory_url):
@@ -498,7 +521,7 @@ def test_retention_and_fallback_in_a_bucket(s3_bucket):
     assert not any(info.key.startswith(("ep0-ba1/", "ep0-ba2/")) for info in store.list())
     _damage_newest_model(store, "ep0-ba4")
     with pytest.warns(CheckpointWarning, match="ep0-ba4.*xxh64 mismatch"):
-        state = CheckpointManager(url, run_name="s3run").autoresume()
+        state = CheckpointManager(url, run_name="s3run").latest()
     assert state["checkpoint"]["name"] == "ep0-ba3"
 
 
@@ -543,7 +566,7 @@ def test_kill_9_between_upload_and_commit_resumes_from_the_previous(tmp_path, ki
     expected = torch.load(tmp_path / "expected-1.pt", weights_only=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        state = CheckpointManager(url).autoresume()
+        state = CheckpointManager(url).latest()
     assert state["checkpoint"]["name"] == "ep0-ba1"
     if kill_at.endswith("manifest.json"):
         assert any("ep0-ba2" in str(w.message) and "incomplete" in str(w.message) for w in caught)
@@ -599,7 +622,7 @@ def _fsdp_worker(load_url: str, save_url: str, out: str) -> None:
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
 
     loader = CheckpointManager(load_url)
-    state = loader.autoresume(model=model, optimizers=[opt])
+    state = loader.latest(model=model, optimizers=[opt])
     assert state["sharded"] and state["checkpoint"]["rng_derived"] == (rank == 1)
     apply_state(state, model, [opt], [sched])
     loaded = _full_state(model, opt)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from tessera.train.checkpoint_io import restore_rng_state
+from tessera.train.checkpoint.rng import restore_rng_state
 
 END = object()  # what `next_batch` returns when the loader is exhausted
 

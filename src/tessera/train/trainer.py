@@ -37,8 +37,13 @@ import torch
 
 from tessera.train import distributed as dist_utils
 from tessera.train.callbacks import Callback
-from tessera.train.checkpoint import CheckpointInfo, CheckpointManager, apply_state, capture_state
-from tessera.train.checkpoint_io import unwrap_model
+from tessera.train.checkpoint import (
+    CheckpointInfo,
+    CheckpointManager,
+    apply_state,
+    capture_state,
+    unwrap_model,
+)
 from tessera.train.config import (
     Precision,
     check_batch_size,
@@ -366,7 +371,7 @@ class Trainer:
     def _resume(self) -> None:
         state = None
         if self.autoresume and self.checkpoints is not None:
-            state = self.checkpoints.autoresume(model=self.model, optimizers=self.optimizers)
+            state = self.checkpoints.latest(model=self.model, optimizers=self.optimizers)
         if state is None and self.load_path is not None:
             manager = self.checkpoints or CheckpointManager(self.load_path)
             try:

@@ -1,4 +1,5 @@
-"""The store side of checkpoints: folder layout, manifest, commit, verification and retention.
+"""What a checkpoint folder holds: its layout, names, manifest and pointer; the errors and the report
+of a save (`CheckpointInfo`) that describe one.
 
 Layout under a run's save folder (any `open_store` URL):
 
@@ -15,25 +16,21 @@ Layout under a run's save folder (any `open_store` URL):
 A folder is committed when its `manifest.json` exists; it is valid when every file the manifest names
 is present with the same size and hash. Names sort by (batch, epoch), newest last.
 
-Nothing here knows about torch or threads: `upload_folder`, `wait_for_ranks`, `commit`, `prune` and
-`fetch` are plain functions over a `Store`, called by `CheckpointManager`.
+This module only names things and reads them back; writing them in the right order is `commit`'s job,
+deleting them `retention`'s.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
-import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import xxhash
-
-from tessera.storage import IntegrityError, NotFound, Store, download_from, hash_file
+from tessera.storage import NotFound, Store
 from tessera.train.time import Timestamp
 
 FORMAT = "tessera.checkpoint/1"
@@ -44,6 +41,7 @@ MODEL = "model.pt"
 TRAIN_STATE = "train_state.pt"
 DCP_DIR = "dcp"
 HASH = "xxh64"
+log = logging.getLogger(__name__)
 _NAME_RE = re.compile(r"^ep(\d+)-ba(\d+)$")
 
 
@@ -61,6 +59,30 @@ class CheckpointCorrupt(CheckpointError):
 
 class CheckpointNotFound(CheckpointError):
     """There is no checkpoint where one was expected."""
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint was skipped (partial, damaged or missing) and an older one is used instead."""
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What `on_saved` callbacks receive once a rank's part of a save is done.
+
+    On rank 0 `committed` is True (manifest and pointer written) and `files` lists every rank's files;
+    on other ranks it lists this rank's uploads. Callbacks run on the background save thread.
+    """
+
+    name: str
+    url: str
+    timestamp: Timestamp
+    rank: int
+    committed: bool
+    files: tuple[ManifestEntry, ...]
+    bytes: int
+    stall_seconds: float
+    write_seconds: float
+    deleted: tuple[str, ...] = ()
 
 
 def rank_file(rank: int) -> str:
@@ -155,6 +177,33 @@ def read_pointer(store: Store) -> str | None:
         return None
 
 
+def resume_order(store: Store, warn: Callable[[str], None]) -> tuple[list[str], bool]:
+    """The folders to try when resuming: the pointer's target first, then every other checkpoint
+    folder, newest first; and whether any save was ever committed (a pointer or a manifest exists).
+    Without one, every folder is a save that died before its commit, and the run starts from the
+    beginning. `warn` hears about folders newer than the pointer that are skipped."""
+    folders = list_checkpoints(store)
+    ordered = newest_first(folders)
+    pointer = read_pointer(store)
+    committed = pointer is not None or any(MANIFEST in files for files in folders.values())
+    if pointer is None:
+        return ordered, committed
+    if pointer not in folders:
+        warn(f"{store.url_for(POINTER)} names {pointer!r}, which is missing from the store; "
+                   f"trying the newest remaining checkpoint")
+        return ordered, committed
+    for name in ordered:
+        if name_order(name) <= name_order(pointer):
+            break
+        if MANIFEST not in folders[name]:  # a save that died before its commit
+            warn(f"checkpoint {store.url_for(name)} is newer than {POINTER} but incomplete (no "
+                       f"{MANIFEST}: the save did not finish); resuming from {pointer}")
+        else:  # died between manifest and pointer: the pointer is the commit, so it is not used
+            log.info("checkpoint %s has a manifest but %s never moved to it; resuming from %s",
+                     store.url_for(name), POINTER, pointer)
+    return [pointer] + [n for n in ordered if n != pointer], committed
+
+
 def read_manifest(store: Store, name: str) -> CheckpointManifest:
     """The manifest of checkpoint `name`; CheckpointCorrupt if it is missing (partial save) or unreadable."""
     url = store.url_for(f"{name}/{MANIFEST}")
@@ -199,111 +248,3 @@ def meta_json(name: str, timestamp: Timestamp, world_size: int, sharded: bool, c
     except (TypeError, ValueError) as exc:
         raise TypeError(f"the run config must be JSON-serialisable to go into {META} ({exc}); convert "
                         f"paths, enums and objects to strings or plain dicts first") from None
-
-
-# --- the store side of save and load -----------------------------------------------------------------
-
-
-def upload_folder(folder: Store, local: Path, threads: int = 4) -> list[ManifestEntry]:
-    """Upload every file under `local` to `folder` (same relative keys); their sizes and hashes."""
-    paths = sorted(p for p in local.rglob("*") if p.is_file())
-
-    def one(path: Path) -> ManifestEntry:
-        key = path.relative_to(local).as_posix()
-        entry = ManifestEntry(key, path.stat().st_size, hash_file(path, HASH))
-        folder.put_file(key, path)
-        return entry
-
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return list(pool.map(one, paths))
-
-
-def wait_for_ranks(folder: Store, nonce: str, ranks: Iterable[int], timeout: float) -> list[ManifestEntry]:
-    """The files of every rank in `ranks`, once each has written its done file for save `nonce`.
-
-    Polls the store with backoff, one listing per round (no collective, so a slow rank never blocks
-    the others' training).
-    """
-    entries: list[ManifestEntry] = []
-    pending, delay = set(ranks), 0.02
-    deadline = time.monotonic() + timeout
-    while pending:
-        # One listing per round, then a GET only for the done files that appeared.
-        present = {info.key for info in folder.list("rank")}
-        for rank in sorted(r for r in pending if done_file(r) in present):
-            try:
-                found, files = parse_done(folder.get(done_file(rank)))
-            except NotFound:
-                continue
-            if found == nonce:  # an older save of the same name carries another nonce
-                entries.extend(files)
-                pending.discard(rank)
-        if pending:
-            if time.monotonic() > deadline:
-                raise CheckpointError(f"{folder.url}: rank(s) {sorted(pending)} did not finish their upload "
-                                      f"within {timeout:g}s; the checkpoint is left uncommitted", folder.url)
-            time.sleep(delay)
-            delay = min(delay * 1.5, 1.0)
-    return entries
-
-
-def commit(store: Store, manifest: CheckpointManifest) -> None:
-    """Confirm every file of `manifest` is in the store, write the manifest, confirm it, then the pointer."""
-    folder = store.child(manifest.name)
-    check_sizes(store, manifest.name, manifest, {info.key: info.size for info in folder.list()})
-    data = manifest.to_json()
-    folder.put(MANIFEST, data)
-    if folder.head(MANIFEST).size != len(data):
-        raise CheckpointError(f"{folder.url_for(MANIFEST)}: written but not confirmed", folder.url)
-    store.put(POINTER, manifest.name.encode())
-
-
-def prune(store: Store, current: str, num_to_keep: int, keep_every_n: int | None) -> tuple[str, ...]:
-    """Delete checkpoints older than `current` beyond the newest `num_to_keep` committed ones, except
-    those whose batch is a multiple of `keep_every_n` and the pointer's target. Partial folders older
-    than `current` go too (only one save is in flight, so nothing else is writing them). Folders newer
-    than `current` (a timeline abandoned by resuming from an older checkpoint) are left alone.
-    """
-    folders = list_checkpoints(store)
-    older = [n for n in newest_first(folders) if name_order(n) <= name_order(current)]
-    committed = [n for n in older if MANIFEST in folders[n]]
-    keep = set(committed[:num_to_keep]) | {current, read_pointer(store)}
-    if keep_every_n:
-        keep |= {n for n in committed if name_order(n)[0] % keep_every_n == 0}
-    doomed = tuple(n for n in older if n not in keep)
-    for name in doomed:
-        # The manifest goes first: an interrupted delete leaves a partial folder, never a committed one
-        # with files missing.
-        store.delete(f"{name}/{MANIFEST}")
-        store.delete_many(f"{name}/{key}" for key in folders[name] if key != MANIFEST)
-    return doomed
-
-
-def fetch(store: Store, name: str, needed: Callable[[CheckpointManifest], list[str]], local: Path,
-          verify_rest: bool) -> CheckpointManifest:
-    """Verify checkpoint `name` and download the files `needed(manifest)` names into `local`.
-
-    Every file must be present with its manifest size; downloaded files must match their hash, and so
-    must the rest when `verify_rest`. Raises CheckpointCorrupt naming the file and what is wrong.
-    """
-    url = store.url_for(name)
-    folder = store.child(name)
-    manifest = read_manifest(store, name)
-    check_sizes(store, name, manifest, {info.key: info.size for info in folder.list()})
-    entries = manifest.entries()
-    keys = needed(manifest)
-    missing = [k for k in keys if k not in entries]
-    if missing:
-        raise CheckpointCorrupt(f"{url}: {MANIFEST} does not list {', '.join(missing)}", url)
-    try:
-        for key in keys:
-            entry = entries[key]
-            download_from(folder, key, local / key, size=entry.size, hash=(HASH, entry.xxh64))
-        for key in sorted(set(entries) - set(keys)) if verify_rest else ():
-            digest = xxhash.xxh64(folder.get(key)).hexdigest()
-            if digest != entries[key].xxh64:
-                raise IntegrityError(f"{folder.url_for(key)}: {HASH} mismatch (expected "
-                                     f"{entries[key].xxh64}, got {digest})", folder.url_for(key))
-    except (IntegrityError, NotFound) as exc:
-        raise CheckpointCorrupt(str(exc), url) from None
-    return manifest

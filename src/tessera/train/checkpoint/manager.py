@@ -1,36 +1,17 @@
-"""Checkpoints in any bucket: async save, upload, manifest, pointer, retention, autoresume.
-
-This module owns the whole checkpoint life cycle (STYLE.md: one owner per concern). The torch side
-(state layout, RNG, DCP) lives in `checkpoint_io`, the folder layout and manifest in `manifest`.
+"""`CheckpointManager`: the one object a training loop talks to about checkpoints.
 
     ckpt = CheckpointManager("s3://bucket/runs/{run_name}/checkpoints", run_name="gpt-125m", num_to_keep=3)
-    state = ckpt.autoresume(model=model, optimizers=[opt])        # None on a fresh run
-    if state is not None:
-        apply_state(state, model, [opt], [sched], scaler)
-        timestamp = Timestamp.from_state_dict(state["timestamp"])
+    state = ckpt.latest(model=model, optimizers=[opt])            # None on a fresh run
     ...
     ckpt.save(capture_state(model, [opt], [sched], scaler, timestamp=ts, dataloader=loader.state_dict()), ts)
     ...
     ckpt.wait()                                                   # before exiting
 
-Save, per rank: `save` copies the state to host memory and returns; one background thread writes the
-files to a local staging folder (DCP for sharded states), uploads them through `open_store`, and writes
-`rank{R}.done.json` listing them. Rank 0 then waits for every rank's done file (by polling the store,
-no barrier), confirms every file with a listing, writes `manifest.json`, confirms it, and only then
-points `latest` at the new folder. Retention runs last. At most one save is in flight: `save` first
-waits for the previous one and re-raises its error, as does `wait`.
-
-Load: the pointer's target first, then every other folder newest first. A candidate is used only if
-its manifest exists and every file it names has the right size and xxh64 hash; otherwise a
-`CheckpointWarning` names the folder and the reason, and the previous one is tried. If nothing was
-ever committed (no pointer, no manifest: every folder is a save killed before its commit), autoresume
-warns and starts from the beginning rather than failing on every restart. Under several ranks, rank 0
-picks the candidates and all ranks agree (all_reduce) before loading, so every rank resumes from the
-same checkpoint.
-
-Elastic resume: non-sharded states are world-size free; sharded ones are resharded by DCP into the
-current model (pass `model=` and `optimizers=` to load). Ranks beyond the saved world size get the saved
-rank-0 dataloader state and an RNG state derived from rank 0's (`derive_rng_state`).
+Four verbs: `save` (stage in host memory, then write, upload and commit on one background thread),
+`latest` (the newest valid checkpoint, falling back past damaged ones), `load` (one named checkpoint or
+another run's), `retain` (delete what the retention settings drop; runs after every commit). The
+protocol, the files, the state layout and retention live in the sibling modules; this class owns the
+thread, the one save in flight, and the agreement between ranks (see the package docstring).
 """
 
 from __future__ import annotations
@@ -51,78 +32,36 @@ from typing import Any
 import torch
 
 from tessera.storage import StorageError, Store, open_store
-from tessera.train.checkpoint_io import (
-    apply_state,
-    capture_rng_state,
-    capture_state,
-    derive_rng_state,
-    has_dtensor,
-    read_state,
-    restore_rng_state,
-    stage_to_host,
-    write_state_files,
-)
-from tessera.train.manifest import (
+from tessera.train.checkpoint.commit import commit, fetch, upload_folder, wait_for_ranks
+from tessera.train.checkpoint.files import read_state, write_state_files
+from tessera.train.checkpoint.layout import (
     DCP_DIR,
     MANIFEST,
     META,
     MODEL,
-    POINTER,
     TRAIN_STATE,
     CheckpointCorrupt,
-    CheckpointError,
+    CheckpointInfo,
     CheckpointManifest,
     CheckpointNotFound,
-    ManifestEntry,
+    CheckpointWarning,
     checkpoint_name,
-    commit,
     done_file,
-    fetch,
     is_checkpoint_name,
     list_checkpoints,
     make_done,
     meta_json,
-    name_order,
     newest_first,
-    prune,
     rank_file,
     read_pointer,
-    upload_folder,
-    wait_for_ranks,
+    resume_order,
 )
+from tessera.train.checkpoint.retention import prune
+from tessera.train.checkpoint.rng import capture_rng_state
+from tessera.train.checkpoint.state import has_dtensor, stage_to_host
 from tessera.train.time import Timestamp
 
-__all__ = [
-    "CheckpointCorrupt", "CheckpointError", "CheckpointInfo", "CheckpointManager", "CheckpointManifest",
-    "CheckpointNotFound", "CheckpointWarning", "ManifestEntry", "apply_state", "capture_rng_state",
-    "capture_state", "checkpoint_name", "derive_rng_state", "restore_rng_state",
-]
-
 log = logging.getLogger(__name__)
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint was skipped (partial, damaged or missing) and an older one is used instead."""
-
-
-@dataclass(frozen=True)
-class CheckpointInfo:
-    """What `on_saved` callbacks receive once a rank's part of a save is done.
-
-    On rank 0 `committed` is True (manifest and pointer written) and `files` lists every rank's files;
-    on other ranks it lists this rank's uploads. Callbacks run on the background save thread.
-    """
-
-    name: str
-    url: str
-    timestamp: Timestamp
-    rank: int
-    committed: bool
-    files: tuple[ManifestEntry, ...]
-    bytes: int
-    stall_seconds: float
-    write_seconds: float
-    deleted: tuple[str, ...] = ()
 
 
 @dataclass
@@ -147,7 +86,7 @@ class _Fetched:
 
 
 class CheckpointManager:
-    """Saves, uploads, commits, prunes and loads the checkpoints of one run (module docstring).
+    """Saves, uploads, commits, prunes and loads the checkpoints of one run (package docstring).
 
     `save_folder`: any `open_store` URL or local path; "{run_name}" in it is replaced by `run_name`
     (default: the RUN_NAME environment variable). `num_to_keep`: committed checkpoints kept in the
@@ -158,7 +97,7 @@ class CheckpointManager:
     `store` overrides the store opened from `save_folder`.
 
     Under torch.distributed, every rank constructs the manager (it creates a gloo group of its own and
-    agrees on a save id), and calls `save`, `autoresume` and `load` at the same points.
+    agrees on a save id), and calls `save`, `latest` and `load` at the same points.
     """
 
     def __init__(self, save_folder: str | os.PathLike[str], run_name: str | None = None, *,
@@ -277,7 +216,7 @@ class CheckpointManager:
                                           files=sorted(entries, key=lambda e: e.key))
             commit(self.store, manifest)
             entries = manifest.files
-            deleted = self._prune(job.name)
+            deleted = self.retain(job.name)
         else:
             folder.put(done_file(self.rank), make_done(job.nonce, entries))
         info = CheckpointInfo(name=job.name, url=folder.url, timestamp=job.timestamp, rank=self.rank,
@@ -292,12 +231,19 @@ class CheckpointManager:
                 log.exception("on_saved callback %r failed for %s", callback, info.url)
         return info
 
-    def _prune(self, current: str) -> tuple[str, ...]:
-        if self.num_to_keep is None:
+    def retain(self, current: str | None = None) -> tuple[str, ...]:
+        """Delete the checkpoints that `num_to_keep` / `keep_every_n` drop; the names deleted.
+
+        Runs on the save thread after every commit (`current` = the checkpoint just committed; default:
+        the pointer's target). A storage error is logged, not raised: retention must not fail a
+        committed save, and the next save retries.
+        """
+        if self.num_to_keep is None or self.rank != 0:
             return ()
         try:
-            return prune(self.store, current, self.num_to_keep, self.keep_every_n)
-        except StorageError as exc:  # retention must not fail a committed save; the next save retries
+            current = current or read_pointer(self.store)
+            return () if current is None else prune(self.store, current, self.num_to_keep, self.keep_every_n)
+        except StorageError as exc:
             log.warning("checkpoint retention in %s failed: %s", self.store.url, exc)
             return ()
 
@@ -307,7 +253,7 @@ class CheckpointManager:
         """Checkpoint folder names in the store, newest first (committed or not)."""
         return newest_first(list_checkpoints(self.store))
 
-    def autoresume(self, *, model: torch.nn.Module | None = None,
+    def latest(self, *, model: torch.nn.Module | None = None,
                    optimizers: Sequence[torch.optim.Optimizer] = (), weights_only: bool = False,
                    strict: bool = True) -> dict[str, Any] | None:
         """The newest valid checkpoint's state, or None when the store has no checkpoint at all.
@@ -352,7 +298,7 @@ class CheckpointManager:
     def _load_newest(self, store: Store, model: torch.nn.Module | None,
                      optimizers: Sequence[torch.optim.Optimizer], weights_only: bool,
                      strict: bool) -> dict[str, Any] | None:
-        candidates, committed = self._broadcast(self._candidates(store) if self.rank == 0 else None)
+        candidates, committed = self._broadcast(resume_order(store, self._warn) if self.rank == 0 else None)
         failures = []
         for name in candidates:
             try:
@@ -370,31 +316,6 @@ class CheckpointManager:
             return None
         raise CheckpointCorrupt(f"{store.url}: no usable checkpoint ({'; '.join(failures)}). Fix or delete "
                                 f"them, or start without autoresume", store.url)
-
-    def _candidates(self, store: Store) -> tuple[list[str], bool]:
-        """The pointer's target first, then every other checkpoint folder, newest first; and whether any
-        save was ever committed (a pointer or a manifest exists). Without one, every folder is a save
-        that died before its commit, and the run starts from the beginning."""
-        folders = list_checkpoints(store)
-        ordered = newest_first(folders)
-        pointer = read_pointer(store)
-        committed = pointer is not None or any(MANIFEST in files for files in folders.values())
-        if pointer is None:
-            return ordered, committed
-        if pointer not in folders:
-            self._warn(f"{store.url_for(POINTER)} names {pointer!r}, which is missing from the store; "
-                       f"trying the newest remaining checkpoint")
-            return ordered, committed
-        for name in ordered:
-            if name_order(name) <= name_order(pointer):
-                break
-            if MANIFEST not in folders[name]:  # a save that died before its commit
-                self._warn(f"checkpoint {store.url_for(name)} is newer than {POINTER} but incomplete (no "
-                           f"{MANIFEST}: the save did not finish); resuming from {pointer}")
-            else:  # died between manifest and pointer: the pointer is the commit, so it is not used
-                log.info("checkpoint %s has a manifest but %s never moved to it; resuming from %s",
-                         store.url_for(name), POINTER, pointer)
-        return [pointer] + [n for n in ordered if n != pointer], committed
 
     def _agreed_fetch(self, store: Store, name: str, weights_only: bool) -> _Fetched:
         """Download and verify on every rank; succeed only if every rank succeeded."""

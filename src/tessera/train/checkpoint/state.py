@@ -1,0 +1,163 @@
+"""What goes in a checkpoint: the state dict of a run, captured from live objects and applied back.
+
+State dict (what `capture_state` builds, `CheckpointManager.save` writes and `load` returns):
+
+    {"model": state_dict, "optimizers": [state_dict, ...], "schedulers": [state_dict, ...],
+     "scaler": state_dict | None, "timestamp": Timestamp.state_dict(), "rng": capture_rng_state(),
+     "dataloader": any picklable value, "config": JSON-able dict, "sharded": bool}
+
+Non-sharded states hold ordinary `module.state_dict()` / `optimizer.state_dict()` (DDP wrappers are
+unwrapped, so a checkpoint from 4 DDP ranks loads into a bare model). Sharded states hold DCP's
+`get_model_state_dict` / `get_optimizer_state_dict` forms (DTensor shards, optimizer state keyed by
+parameter name), which DCP reshards to any world size on load. `stage_to_host` is the copy a save
+takes before it returns, so the loop may change the live tensors while the save is written.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tessera.train.checkpoint.rng import capture_rng_state, restore_rng_state
+from tessera.train.time import Timestamp
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DistributedDataParallel (so its keys carry no 'module.' prefix)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def has_dtensor(obj: Any) -> bool:
+    """Whether a (nested) state dict holds DTensors, i.e. is a sharded state."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        return True
+    if isinstance(obj, dict):
+        return any(has_dtensor(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(has_dtensor(v) for v in obj)
+    return False
+
+
+def is_sharded_model(model: torch.nn.Module) -> bool:
+    """True for an FSDP2 (`fully_shard`) model or any model whose parameters are DTensors."""
+    from torch.distributed.fsdp import FSDPModule
+
+    model = unwrap_model(model)
+    return isinstance(model, FSDPModule) or any(has_dtensor(p) for p in model.parameters())
+
+
+def capture_state(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = (),
+                  schedulers: Sequence[Any] = (), scaler: Any = None, *, timestamp: Timestamp,
+                  dataloader: Any = None, config: dict[str, Any] | None = None,
+                  sharded: bool | None = None) -> dict[str, Any]:
+    """The state dict of a training run, in the layout `CheckpointManager.save` expects.
+
+    It references live tensors (no copy): `save` stages its own copy before returning. `sharded`
+    defaults to `is_sharded_model(model)`; True makes a DCP state even for a plain or DDP model.
+    """
+    sharded = is_sharded_model(model) if sharded is None else sharded
+    optimizers = list(optimizers)
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+        inner = unwrap_model(model)
+        model_state = get_model_state_dict(inner)
+        optim_states = [get_optimizer_state_dict(inner, opt) for opt in optimizers]
+    else:
+        model_state = unwrap_model(model).state_dict()
+        optim_states = [opt.state_dict() for opt in optimizers]
+    return {"model": model_state, "optimizers": optim_states,
+            "schedulers": [s.state_dict() for s in schedulers],
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "timestamp": timestamp.state_dict(), "rng": capture_rng_state(), "dataloader": dataloader,
+            "config": config or {}, "sharded": sharded}
+
+
+def apply_state(state: dict[str, Any], model: torch.nn.Module | None = None,
+                optimizers: Sequence[torch.optim.Optimizer] = (), schedulers: Sequence[Any] = (),
+                scaler: Any = None, *, strict: bool = True, restore_rng: bool = True) -> None:
+    """Load a state from `CheckpointManager.load` into live objects (the inverse of `capture_state`).
+
+    Parts missing from `state` (e.g. after a weights-only load) are left alone. Sharded states are set
+    with DCP's `set_model_state_dict` / `set_optimizer_state_dict`, which also accept full tensors.
+    """
+    optimizers, schedulers = list(optimizers), list(schedulers)
+    sharded = bool(state.get("sharded"))
+    if model is not None and "model" in state:
+        inner = unwrap_model(model)
+        if sharded or is_sharded_model(inner):
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+            full = not has_dtensor(state["model"])
+            set_model_state_dict(inner, state["model"],
+                                 options=StateDictOptions(strict=strict, full_state_dict=full))
+        else:
+            inner.load_state_dict(state["model"], strict=strict)
+    saved_optims = state.get("optimizers") or []
+    if optimizers and saved_optims:
+        if len(saved_optims) != len(optimizers):
+            raise ValueError(f"the checkpoint has {len(saved_optims)} optimizer state(s), "
+                             f"but {len(optimizers)} optimizer(s) were given")
+        for opt, opt_state in zip(optimizers, saved_optims, strict=True):
+            if sharded:
+                from torch.distributed.checkpoint.state_dict import (
+                    StateDictOptions,
+                    set_optimizer_state_dict,
+                )
+
+                full = not has_dtensor(opt_state)
+                set_optimizer_state_dict(unwrap_model(model), opt, opt_state,
+                                         options=StateDictOptions(strict=strict, full_state_dict=full))
+            else:
+                opt.load_state_dict(opt_state)
+    saved_scheds = state.get("schedulers") or []
+    if schedulers and saved_scheds:
+        if len(saved_scheds) != len(schedulers):
+            raise ValueError(f"the checkpoint has {len(saved_scheds)} scheduler state(s), "
+                             f"but {len(schedulers)} scheduler(s) were given")
+        for sched, sched_state in zip(schedulers, saved_scheds, strict=True):
+            sched.load_state_dict(sched_state)
+    if scaler is not None and state.get("scaler") is not None:
+        scaler.load_state_dict(state["scaler"])
+    if restore_rng and state.get("rng") is not None:
+        restore_rng_state(state["rng"])
+
+
+def stage_to_host(obj: Any, buffers: dict[tuple, torch.Tensor] | None = None, path: tuple = ()) -> Any:
+    """A deep copy with every tensor copied to CPU memory (DTensors keep mesh and placements).
+
+    After this returns the caller may mutate or free the originals: the copy shares nothing with them.
+    `buffers` (kept by the caller across saves) holds the host tensors of the previous save; reusing
+    them turns the stall from allocate-and-copy into copy only (allocating ~150 MB costs ~5x the copy).
+    Only safe when the previous save has finished writing, which CheckpointManager guarantees.
+    """
+    if isinstance(obj, torch.Tensor):
+        src = obj.detach()
+        if buffers is None or type(src) is not torch.Tensor:  # DTensor and subclasses: plain copy
+            return src.to("cpu", copy=True)
+        buf = buffers.get(path)
+        if buf is None or buf.shape != src.shape or buf.dtype != src.dtype:
+            buf = torch.empty(src.shape, dtype=src.dtype, device="cpu", pin_memory=torch.cuda.is_available())
+            buffers[path] = buf
+        buf.copy_(src, non_blocking=False)
+        return buf
+    if isinstance(obj, dict):
+        out = OrderedDict() if isinstance(obj, OrderedDict) else {}
+        for key, value in obj.items():
+            out[key] = stage_to_host(value, buffers, (*path, key))
+        if hasattr(obj, "_metadata"):  # module state dicts carry per-module versions here
+            out._metadata = copy.deepcopy(obj._metadata)  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, list):
+        return [stage_to_host(v, buffers, (*path, i)) for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return tuple(stage_to_host(v, buffers, (*path, i)) for i, v in enumerate(obj))
+    return copy.deepcopy(obj)
