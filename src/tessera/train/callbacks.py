@@ -14,25 +14,55 @@ batch (with a final save when checkpointing).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from tessera.train.checkpoint import CheckpointInfo
-    from tessera.train.trainer import Trainer
+    import torch
+
+    from tessera.train.checkpoint.layout import CheckpointInfo
+    from tessera.train.time import Timestamp
+
+
+class TrainerView(Protocol):
+    """What a callback sees of the `Trainer` that calls it (the Trainer satisfies this).
+
+    Callbacks are typed against this rather than the Trainer class so that this module never imports
+    trainer.py, which imports this one: the loop depends on its hooks, not the other way round.
+    """
+
+    stop_requested: bool  # set True to end the run after the current batch
+
+    @property
+    def model(self) -> torch.nn.Module: ...
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]: ...
+
+    @property
+    def timestamp(self) -> Timestamp: ...
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def run_name(self) -> str: ...
 
 
 class Callback:
-    def on_fit_start(self, trainer: Trainer) -> None:
+    def on_fit_start(self, trainer: TrainerView) -> None:
         pass
 
-    def on_batch_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_batch_end(self, trainer: TrainerView, metrics: dict[str, Any]) -> None:
         pass
 
-    def on_eval_end(self, trainer: Trainer, metrics: dict[str, Any]) -> None:
+    def on_eval_end(self, trainer: TrainerView, metrics: dict[str, Any]) -> None:
         pass
 
-    def on_checkpoint_saved(self, trainer: Trainer, info: CheckpointInfo) -> None:
+    def on_checkpoint_saved(self, trainer: TrainerView, info: CheckpointInfo) -> None:
         pass
 
-    def on_fit_end(self, trainer: Trainer) -> None:
+    def on_fit_end(self, trainer: TrainerView) -> None:
         pass
