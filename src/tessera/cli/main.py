@@ -8,8 +8,8 @@ from tessera import __version__
 from tessera.cli import console
 from tessera.cli.cluster import app as cluster_app
 from tessera.cli.data import app as data_app
-from tessera.cli.launch import CONTEXT as LAUNCH_CONTEXT
-from tessera.cli.launch import launch
+from tessera.cli.distributed_launch import CONTEXT as LAUNCH_CONTEXT
+from tessera.cli.distributed_launch import launch
 from tessera.cli.llm import app as llm_app
 from tessera.cli.run import app as run_app
 from tessera.cli.secret import app as secret_app

@@ -1,4 +1,5 @@
-"""`tessera launch -n N script.py [args...]`: start a distributed training script (see tessera.train.launch)."""
+"""`tessera launch -n N script.py [args...]`: start a distributed training script on this node (the plan is
+tessera.train.launch's; this module is only its command line)."""
 
 from __future__ import annotations
 
