@@ -32,6 +32,7 @@ class RunInfo:
     config: dict[str, Any] = field(default_factory=dict)
     log_dir: Path = Path("logs")
     remote: Store | None = None  # <save_folder>/logs, if the run saves checkpoints
+    start_progress: float = 0.0  # fraction of the run already done when this process starts (a resume)
 
 
 class Logger:
@@ -60,9 +61,10 @@ class ProgressLogger(Logger):
         self._task: Any = None
         self._count = 0
         self._start = time.monotonic()
+        self._start_progress = 0.0
 
     def start(self, run: RunInfo) -> None:
-        self._start = time.monotonic()
+        self._start, self._start_progress = time.monotonic(), run.start_progress
         if getattr(self.stream, "isatty", lambda: False)():
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -71,7 +73,9 @@ class ProgressLogger(Logger):
                                       TextColumn("{task.percentage:>5.1f}%"), TextColumn("{task.fields[info]}"),
                                       TimeElapsedColumn(), TimeRemainingColumn(),
                                       console=Console(file=self.stream))
-            self._task = self._progress.add_task(run.run_name or "train", total=1.0, info="")
+            # Starting at the resumed fraction keeps rich's rate (hence its ETA) to this process's progress.
+            self._task = self._progress.add_task(run.run_name or "train", total=1.0, completed=run.start_progress,
+                                                 info="")
             self._progress.start()
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -87,10 +91,9 @@ class ProgressLogger(Logger):
             return
         self._count += 1
         if self._count == 1 or self._count % self.every == 0:
-            eta = ""
-            if fraction and fraction > 0:
-                remaining = (time.monotonic() - self._start) * (1 - fraction) / fraction
-                eta = f" eta {remaining:,.0f}s"
+            remaining = None if fraction is None else eta_seconds(time.monotonic() - self._start,
+                                                                   self._start_progress, fraction)
+            eta = "" if remaining is None else f" eta {remaining:,.0f}s"
             self._print(f"[train] {info}{eta}")
 
     def _print(self, line: str) -> None:
@@ -103,6 +106,18 @@ class ProgressLogger(Logger):
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+
+
+def eta_seconds(elapsed: float, start_progress: float, progress: float) -> float | None:
+    """Seconds left at this process's rate: `elapsed` seconds took the run from `start_progress` to
+    `progress` (fractions of the whole run), so the rest takes elapsed / (progress - start_progress) x
+    (1 - progress). Measuring from where this process started matters after a resume: the whole run's
+    progress over this process's time would promise the last tenth of a run in seconds. None until
+    this process has made progress."""
+    done = progress - start_progress
+    if done <= 0:
+        return None
+    return elapsed / done * max(0.0, 1.0 - progress)
 
 
 def _summary(metrics: dict[str, float], step: int) -> str:

@@ -410,7 +410,8 @@ class Trainer:
         if self.rank == 0:
             remote = self.checkpoints.store.child("logs") if self.checkpoints is not None else None
             for logger in self.loggers:
-                logger.start(RunInfo(self.run_name, self.config, self.log_dir, remote))
+                logger.start(RunInfo(self.run_name, self.config, self.log_dir, remote,
+                                     start_progress=self._progress(loader_length(self.train_dataloader))))
         if self.heartbeat:
             self.heartbeat.event("fit_start", step=self.timestamp.batch)
             self.heartbeat.beat(self.timestamp, force=True)
