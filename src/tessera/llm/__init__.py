@@ -1,11 +1,60 @@
-"""Language models on Tessera: an MPT-style GPT, tokenizers, data prep, evaluation, generation, export.
+"""Language models on Tessera: an MPT-style GPT, tokenizers, data prep, recipes, evaluation, export.
 
-- `model`: `GPT`, `GPTConfig` (named: tiny, mpt-125m ... mpt-7b); `model(batch) -> loss`.
-- `tokenizer`: `train_bpe`, `ByteTokenizer`, `load_tokenizer(path | "byte")`.
-- `prep`: `prep(input, out, tokenizer, seq_len)` -> OUT/train, OUT/val MDS datasets of token windows.
-- `eval`: `perplexity`, `mds_batches`, `evaluate_multiple_choice`, `ModelScorer`, `load_mc_task`.
-- `generate`: `generate`, `complete` (KV cache; greedy, temperature, top-k, top-p).
-- `export`: `save_pretrained`, `load_pretrained`, `load_model` (export or checkpoint).
+- `GPT`, `GPTConfig` (named: tiny, mpt-125m ... mpt-7b); `model(batch) -> loss`.
+- `train_bpe`, `ByteTokenizer`, `BPETokenizer`, `load_tokenizer(path | "byte")`.
+- `tessera.llm.prep.prep(input, out, tokenizer, seq_len)` -> OUT/train, OUT/val MDS datasets of token
+  windows (`tessera llm prep`).
+- `load_recipe(path, overrides)` -> `Recipe`; `train(recipe)` runs it (`tessera train`).
+- `perplexity`, `mds_batches`, `evaluate_multiple_choice`, `ModelScorer`, `load_mc_task`.
+- `complete` and `tessera.llm.generate.generate` (KV cache; greedy, temperature, top-k, top-p).
+- `save_pretrained`, `load_pretrained`, `load_model` (an export or a checkpoint).
 
-Submodules are imported on use: data prep workers must not pay for importing torch.
+`prep` and `generate` stay in their modules: a function here with a module's name would hide the module.
+Names load on first use, so data prep workers do not pay for importing torch.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time __getattr__ loads them
+    from tessera.llm.eval import ModelScorer, evaluate_multiple_choice, load_mc_task, mds_batches, perplexity
+    from tessera.llm.export import ExportError, load_model, load_pretrained, save_pretrained
+    from tessera.llm.generate import complete
+    from tessera.llm.model import GPT, GPTConfig
+    from tessera.llm.recipe import Recipe, RecipeError, load_recipe, shipped_recipes
+    from tessera.llm.tokenizer import (
+        BPETokenizer,
+        ByteTokenizer,
+        Tokenizer,
+        TokenizerError,
+        load_tokenizer,
+        train_bpe,
+    )
+    from tessera.llm.train_run import train
+
+_MODULES = {
+    "tessera.llm.eval": ["ModelScorer", "evaluate_multiple_choice", "load_mc_task", "mds_batches", "perplexity"],
+    "tessera.llm.export": ["ExportError", "load_model", "load_pretrained", "save_pretrained"],
+    "tessera.llm.generate": ["complete"],
+    "tessera.llm.model": ["GPT", "GPTConfig"],
+    "tessera.llm.recipe": ["Recipe", "RecipeError", "load_recipe", "shipped_recipes"],
+    "tessera.llm.tokenizer": ["BPETokenizer", "ByteTokenizer", "Tokenizer", "TokenizerError", "load_tokenizer",
+                              "train_bpe"],
+    "tessera.llm.train_run": ["train"],
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = [
+    "BPETokenizer", "ByteTokenizer", "ExportError", "GPT", "GPTConfig", "ModelScorer", "Recipe", "RecipeError",
+    "Tokenizer", "TokenizerError", "complete", "evaluate_multiple_choice", "load_mc_task", "load_model",
+    "load_pretrained", "load_recipe", "load_tokenizer", "mds_batches", "perplexity", "save_pretrained",
+    "shipped_recipes", "train", "train_bpe",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'tessera.llm' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)
