@@ -1,4 +1,4 @@
-"""A remote epoch under a bounded cache: Tessera next to mosaicml-streaming and litdata (issue 12, item 1).
+"""A remote epoch under a bounded cache: Tessera next to mosaicml-streaming and litdata.
 
 The tokens workload of stream.py (~1 GB of 2048-token uint16 samples, 64 MiB shards/chunks, each library's
 own format) in a SeaweedFS bucket on loopback. Each run is a fresh child process with an empty cache folder

@@ -1,5 +1,5 @@
 """Time to the first batch of a cold remote epoch of a zstd-compressed dataset: Tessera next to
-mosaicml-streaming (issue 12, item 5).
+mosaicml-streaming.
 
 The tokens workload of stream.py (~1 GB of 2048-token uint16 samples at --scale 1) written with zstd by each
 library's own writer (64 MiB raw shards), in a SeaweedFS bucket on loopback. Each run is a fresh child

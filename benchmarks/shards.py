@@ -1,4 +1,4 @@
-"""Shard writing and random access: Tessera next to mosaicml-streaming and litdata, same data, one run (issue 3).
+"""Shard writing and random access: Tessera next to mosaicml-streaming and litdata, same data, one run.
 
 Write (samples/s and MB/s of sample bytes, uncompressed and zstd; best of --repeat, writers alternating):
 - Tessera `ShardWriter`, one process, fed the same Python samples as MDSWriter.

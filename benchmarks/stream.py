@@ -1,4 +1,4 @@
-"""Streaming: Tessera next to mosaicml-streaming and litdata, side by side in one run (issue 4, "Speed").
+"""Streaming: Tessera next to mosaicml-streaming and litdata, side by side in one run.
 
 Workloads (benchmarks/workloads.py): (a) tokens, ~1 GB of 2048-token uint16 samples; (b) images, 50k 32x32
 JPEG + int label. Each library reads the same samples written in its own format (Tessera: ShardWriter,
@@ -382,7 +382,7 @@ def section_remote(env: Env, data: dict[str, Any], args: argparse.Namespace, res
             ("mosaic", "per-sample"), ("litdata", "per-sample"), ("litdata", "batch_decode=all")]
     for lib, path in [r for r in runs if r[0] in args.libs]:
         cap = args.max_samples
-        if (lib, path) == ("litdata", "per-sample") and args.slow_cap:  # ~400 samples/s on tokens: a partial epoch
+        if (lib, path) == ("litdata", "per-sample") and args.slow_cap:  # slow on tokens (RESULTS.md): a partial epoch
             cap = min(cap or args.slow_cap, args.slow_cap)
         spec = {"lib": lib, "path": path, "workload": wl, "url": urls[lib], "max_samples": cap}
         try:

@@ -70,7 +70,7 @@ class ObjectStore(Store):
 
     def write_range(self, key: str, start: int, end: int, fd: int, progress: Any = None) -> int:
         """Stream [start, end) into `fd` in chunks of STREAM_CHUNK: a 16 MiB range held whole cost 16 MiB
-        of memory per concurrent range (4 ranges x 4 prefetches = 256 MiB per DataLoader worker, issue 12).
+        of memory per concurrent range (4 ranges x 4 prefetches = 256 MiB per DataLoader worker).
         A retried attempt writes the same offsets again."""
         path = self._full(key)
 

@@ -25,7 +25,7 @@ from tessera.storage.open import open_store
 from tessera.storage.remote import ObjectStore
 from tessera.storage.url import split_url
 
-CHUNK = 16 << 20  # measured here: 16 MiB ranges beat 8 (1.1x) and 32 (1.4x) with 4 streams
+CHUNK = 16 << 20  # 16 MiB ranges with 4 streams came out best in a sweep (benchmarks/RESULTS.md, Storage)
 MIN_PART = 2 << 20
 MIN_SPLIT = 4 << 20  # below this one GET beats the cost of splitting
 MAX_CONCURRENCY = 4  # measured: more streams only add contention on 2 cores
@@ -67,8 +67,8 @@ def _verify(tmp: Path, url: str, size: int | None, digest: tuple[str, str] | Non
 
 
 def _preallocate(fd: int, size: int) -> None:
-    """Reserve the file's blocks up front: concurrent pwrites into allocated extents run ~2x faster
-    than into a sparse file, where every write also allocates (measured on ext4: 865 vs 380 MiB/s)."""
+    """Reserve the file's blocks up front: concurrent pwrites into allocated extents run faster than
+    into a sparse file, where every write also allocates (benchmarks/RESULTS.md, Storage)."""
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError:  # file systems without fallocate

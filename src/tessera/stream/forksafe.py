@@ -69,7 +69,7 @@ def die_with_parent() -> None:
     dies, and exit now if it already has.
 
     A training process killed by a signal runs no clean-up, and its workers or forkserver could stay
-    alive as orphans for minutes, holding memory and cache pins (seen in issue 12). Linux only (prctl
+    alive as orphans for minutes, holding memory and cache pins. Linux only (prctl
     PR_SET_PDEATHSIG); elsewhere torch's own check of the parent every few seconds remains. The signal
     follows the *thread* that started the child, so create loader iterators on a thread that lives as
     long as they do (the main thread, as usual).
@@ -85,7 +85,7 @@ def die_with_parent() -> None:
 def limit_malloc_arenas(arenas: int = 2) -> None:
     """In a reader process: at most `arenas` glibc malloc arenas. Download threads (the prefetcher's and
     obstore's runtime) each got an arena of their own, whose freed buffers glibc keeps: ~75 MB more
-    anonymous memory per DataLoader worker than MosaicML's workers (issue 12). No-op off glibc."""
+    anonymous memory per DataLoader worker than MosaicML's workers. No-op off glibc."""
     if not sys.platform.startswith("linux"):
         return
     try:

@@ -31,8 +31,8 @@ from tessera.shards.reader import ShardReader
 from tessera.stream.row_addresses import RowAddresses
 from tessera.stream.slots import Layout, SlotRing
 
-# Batches per DataLoader item when workers send BatchRefs: torch's per-item cost (~0.3-0.5 ms on two
-# loaded cores) is then paid once per 16 batches, and a group is still tiny (16 x 64 x 16 bytes).
+# Batches per DataLoader item when workers send BatchRefs: torch's per-item cost (as much as a batch's
+# gather) is then paid once per 16 batches, and a group is still tiny (16 x 64 x 16 bytes).
 REF_GROUP = 16
 
 
@@ -41,7 +41,7 @@ class OutputPool:
 
     A fresh 256 KB array per batch is, with glibc's allocator, fresh pages from the kernel whenever
     several batches are alive at once (a DataLoader item of 16, a consumer holding a few): 64 page
-    faults and zeroing per batch, measured at ~60 us of CPU per batch, as much as the copy itself. So
+    faults and zeroing per batch, as much CPU as the copy itself (benchmarks/RESULTS.md, Streaming). So
     gather writes into arrays of this pool, handed out as they are (torch.from_numpy keeps a reference),
     and an array is reused only when its reference count shows that the pool alone holds it: a batch the
     caller still holds (or any tensor or view of it) is never overwritten. At most `max_bytes` are

@@ -69,7 +69,7 @@ class Prefetcher:
         thread has looked (up to `window` samples ahead); inf when no need is known.
 
         Ranking by the *first* need alone treated a shard that the next batch needs again as unneeded,
-        so under a cache limit it was evicted and downloaded again batch after batch (issue 12).
+        so under a cache limit it was evicted and downloaded again batch after batch.
         """
         needs = self._next_need.get(path)
         while needs:

@@ -13,7 +13,7 @@ made from that very reader object (a weak reference, so the table keeps no mappi
 column views keep its mapping even after `close()`. `batch_layout` therefore returns the batch's readers
 and the caller keeps them until `copy` is done: a dataset under a cache limit keeps only a few readers
 open and closes the least recently used one when it opens another, so a batch over more shards than that
-would otherwise copy from mappings already released (issue 12: a SIGSEGV on the first batch). Entries of
+would otherwise copy from mappings already released (a SIGSEGV on the first batch). Entries of
 readers closed since are replaced the next time their shard is seen. The span may cover unmapped gaps
 between mappings; nothing there is read.
 """

@@ -2,7 +2,7 @@
 
 With BatchRefs alone (gather.py), workers say where each sample is and the training process gathers
 every batch itself: one copy per byte, on the process that also runs the training step, capped the
-DataLoader path at ~1-1.3 GB/s on two cores. A `SlotRing` is one anonymous shared mapping
+DataLoader path well below the main process's rate (benchmarks/RESULTS.md, Streaming). A `SlotRing` is one anonymous shared mapping
 (`mmap(-1, n)`: MAP_SHARED|MAP_ANONYMOUS; nothing in /dev/shm, nothing to clean up after a crash)
 created in the training process before the workers fork, so every worker sees the same pages. Each
 worker owns a partition of fixed-size slots (one per-device batch each) and gathers batches straight

@@ -1,4 +1,4 @@
-"""The trainer's heartbeat, for the platform's hang detection (issue 7).
+"""The trainer's heartbeat, for the platform's hang detection.
 
 Set `TESSERA_HEARTBEAT` to a file path or an http(s) URL (and optionally `TESSERA_HEARTBEAT_INTERVAL`,
 seconds, default 30). Rank 0 then reports; with "{rank}" in the path every rank reports to its own file.
