@@ -14,7 +14,7 @@ import typer
 import yaml
 
 from tessera.cli.console import fail
-from tessera.llm.recipe import RecipeError, load_recipe, shipped_recipes
+from tessera.llm.recipe import RecipeError, load_recipe, recipe_keys, shipped_recipes
 from tessera.shards import ShardError
 from tessera.storage import StorageError
 
@@ -33,7 +33,7 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
     except RecipeError as exc:
         fail(exc, code=2, debug=debug)
     if print_config:
-        data = cfg.model_dump(mode="json")
+        data = cfg.dump()
         typer.echo(json.dumps(data, indent=2) if as_json else yaml.safe_dump(data, sort_keys=False))
         return
     from tessera.llm.train_run import DataUnavailable  # torch is imported only when training
@@ -50,3 +50,14 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
     except (ValueError, OSError, StorageError, ShardError, DataUnavailable, NonFiniteError) as exc:
         fail(exc, code=1, debug=debug)
     raise typer.Exit(code)
+
+
+def keys_help() -> str:
+    """Every recipe key with its type, default and meaning, from the recipe's schema (one per paragraph,
+    since the help formatter joins single lines)."""
+    rows = [f"{key} ({kind}, default {default}): {text}".rstrip(": ") for key, kind, default, text in recipe_keys()]
+    text = "Recipe keys (set any with key.path=value):\n\n" + "\n\n".join(rows)
+    return text.replace("[", "\\[")  # typer renders help as rich markup, where [x] would be a style tag
+
+
+train.__doc__ = f"{train.__doc__}\n\n{keys_help()}"

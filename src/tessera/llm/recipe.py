@@ -2,26 +2,48 @@
 
 The merged config is validated before anything starts (no process group, no download): an unknown key
 gets a did-you-mean, a wrong type names the key and the type expected, and batch arithmetic that cannot
-work says which numbers clash. The typed tree below is the documentation of every key.
+work says which numbers clash.
+
+A recipe composes the layers' own typed configs rather than restating them: its training keys are the
+fields of the train layer's `TrainerConfig` (same types, checks and descriptions; a few defaults differ),
+and its data section is made of the stream layer's `StreamingConfig` and `StreamConfig`. Key names are
+LLM Foundry's. `recipe_keys()` lists every key for `tessera train --help`.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
+import json
 import math
+import types
+from enum import Enum
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    create_model,
+    field_validator,
+    model_validator,
+)
 
 from tessera.llm.model import GPTConfig
-from tessera.storage import StorageError
-from tessera.storage.url import parse_url
-from tessera.train.config import check_run_name
-from tessera.train.loggers import LOGGERS
-from tessera.train.time import Time, TimeUnit
+from tessera.stream.config import StreamingConfig
+from tessera.train.config import TimeSetting, TrainerConfig
+from tessera.train.time import Time
+from tessera.typed_config import error_lines
+
+# Trainer settings a recipe spells as LLM Foundry does, and where (every other setting keeps its name).
+TRAINER_KEYS_RENAMED = {"global_batch_size": "global_train_batch_size",
+                        "eval_subset_num_batches": "data.eval.max_batches"}
+# A recipe's defaults where they differ from the Trainer's (an LLM run logs less often and clips).
+RECIPE_DEFAULTS = {"run_name": "run", "seed": 17, "grad_clip_norm": 1.0, "log_interval": "10ba"}
 
 
 class RecipeError(ValueError):
@@ -29,22 +51,23 @@ class RecipeError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True,
+                              validate_default=True)
 
 
-def check_time(value: Any, *, allow_dur: bool = True, positive: bool = False) -> Any:
-    """A time string ("500ba", "2ep", "0.1dur") checked now, so `--print-config` and training agree."""
-    if value is None:
-        return value
-    try:
-        time = Time.parse(value)
-    except (TypeError, ValueError) as exc:  # pydantic reports ValueError only
-        raise ValueError(str(exc)) from None
-    if not allow_dur and time.unit is TimeUnit.DURATION:
-        raise ValueError(f"must be in ba, ep, sp or tok, not {time}")
-    if positive and time.value <= 0:
-        raise ValueError(f"must be positive, got {time}")
-    return value
+def fields_of(source: type[BaseModel], name: str, *, base: type[BaseModel], exclude: set[str] | frozenset[str] = (
+        frozenset()), **defaults: Any) -> type[BaseModel]:
+    """A model on `base` with `source`'s fields (their types, checks and descriptions travel with them),
+    some with other defaults: how a layer's config is reused without restating it."""
+    fields: dict[str, Any] = {}
+    for key, info in source.model_fields.items():
+        if key in exclude or (issubclass(base, source) and key not in defaults):
+            continue
+        info = copy.copy(info)
+        if key in defaults:
+            info.default, info.default_factory = defaults[key], None
+        fields[key] = (info.annotation, info)
+    return create_model(name, __base__=base, __doc__=source.__doc__, __module__=__name__, **fields)
 
 
 def check_non_negative(value: float) -> float:
@@ -54,58 +77,35 @@ def check_non_negative(value: float) -> float:
     return value
 
 
-def check_url(value: str | None) -> str | None:
-    """A storage URL or local path whose scheme Tessera can open (no I/O: the bucket is checked later)."""
-    if value is not None:
-        try:
-            parse_url(value.replace("{run_name}", "run"))
-        except StorageError as exc:
-            raise ValueError(str(exc)) from None
-    return value
+class LoaderSpec(StreamingConfig):
+    """A loader of the run: the stream layer's dataset options, plus how token columns decode."""
 
-
-class StreamSpec(Strict):
-    """One dataset of the mix (tessera.stream.Stream)."""
-
-    remote: str | None = None
-    local: str | None = None
-    split: str | None = None
-    proportion: float | None = None
-    repeat: float | None = None
-    choose: int | None = None
-
-    _urls = field_validator("remote", "local")(check_url)
-
-
-class LoaderSpec(Strict):
-    streams: list[StreamSpec]
-    shuffle: bool = True
-    shuffle_seed: int = 9176
-    num_canonical_nodes: int | None = None
-    shuffle_block_size: int | None = None
-    cache_limit: str | None = None
-    num_workers: int = 0
     # How LLM Foundry's older `bytes` token columns decode (its own option's name and default; llm/tokens.py)
-    token_encoding_type: Literal["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"] = "int64"
+    token_encoding_type: Literal["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"] = Field(
+        "int64", description="How LLM Foundry's `bytes` token columns decode.")
+
+
+TrainLoaderSpec = fields_of(LoaderSpec, "TrainLoaderSpec", base=LoaderSpec, shuffle=True)
 
 
 class EvalSpec(LoaderSpec):
-    shuffle: bool = False
-    max_batches: int | None = Field(default=None, ge=1)
-    batch_size: int | None = Field(default=None, ge=1)  # per device; default the training microbatch
+    max_batches: int | None = Field(None, ge=1, description="Evaluate on this many batches only (the "
+                                                            "Trainer's eval_subset_num_batches).")
+    batch_size: int | None = Field(None, ge=1, description="Per device; None: the training microbatch.")
 
 
 class DataSpec(Strict):
-    train: LoaderSpec
+    train: TrainLoaderSpec  # type: ignore[valid-type]
     eval: EvalSpec | None = None
 
 
 class OptimizerSpec(Strict):
-    name: Literal["decoupled_adamw", "adamw"] = "decoupled_adamw"
-    lr: float = 6e-4
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
+    name: Literal["decoupled_adamw", "adamw"] = Field("decoupled_adamw", description="decoupled_adamw: the "
+                                                      "weight decay follows the schedule, not the lr.")
+    lr: float = Field(6e-4, description="The peak learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam's moment decay rates, each in [0, 1).")
+    eps: float = Field(1e-8, description="Adam's denominator term.")
+    weight_decay: float = Field(0.0, description="Decay per step (decoupled: not scaled by lr).")
 
     _non_negative = field_validator("lr", "eps", "weight_decay")(check_non_negative)
 
@@ -119,73 +119,28 @@ class OptimizerSpec(Strict):
 
 class SchedulerSpec(Strict):
     name: Literal["cosine_with_warmup", "linear_with_warmup", "constant_with_warmup"] = "cosine_with_warmup"
-    t_warmup: str = "0ba"
-    alpha_f: float = 0.1
+    t_warmup: TimeSetting = Field("0ba", description="Warm-up length, as a time (e.g. 100ba).")
+    alpha_f: float = Field(0.1, description="The final learning rate as a fraction of lr.")
 
-    _warmup = field_validator("t_warmup", mode="before")(check_time)
     _alpha_f = field_validator("alpha_f")(check_non_negative)
 
 
-class Recipe(Strict):
+TrainingKeys = fields_of(TrainerConfig, "TrainingKeys", base=Strict, exclude=set(TRAINER_KEYS_RENAMED),
+                         **RECIPE_DEFAULTS)
+
+
+class Recipe(TrainingKeys):  # type: ignore[valid-type,misc]
     """A training run. Times are strings with units: ba, ep, sp, tok, dur."""
 
-    run_name: str = "run"
-    seed: int = 17
-    model: dict[str, Any] = Field(default_factory=lambda: {"name": "tiny"})
-    tokenizer: str = "byte"
+    model: dict[str, Any] = Field(default_factory=lambda: {"name": "tiny"},
+                                  description="GPT shape: name (tiny, mpt-125m...) and any GPTConfig field.")
+    tokenizer: str = Field("byte", description="byte, or the path of a tokenizer JSON.")
     data: DataSpec
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
-    global_train_batch_size: int = Field(gt=0)
-    device_train_microbatch_size: int | Literal["auto"] | None = None
-    precision: Literal["fp32", "amp_bf16", "amp_fp16"] = "fp32"
-    max_duration: str
-    eval_interval: str | None = None
-    log_interval: str = "10ba"
-    save_folder: str | None = None
-    save_interval: str | None = None
-    save_num_checkpoints_to_keep: int | None = None
-    autoresume: bool = False
-    load_path: str | None = None
-    loggers: list[str] = Field(default_factory=lambda: ["progress"])
-    grad_clip_norm: float | None = 1.0
-    torch_threads: int | None = Field(default=None, ge=1)
-
-    _times = field_validator("eval_interval", "log_interval", "save_interval", mode="before")(
-        lambda v: check_time(v, positive=True))
-    _urls = field_validator("save_folder", "load_path")(check_url)
-
-    @field_validator("max_duration", mode="before")
-    @classmethod
-    def _max_duration(cls, value: Any) -> Any:
-        return check_time(value, allow_dur=False)
-
-    @field_validator("run_name")
-    @classmethod
-    def _run_name(cls, value: str) -> str:
-        return check_run_name(value)
-
-    @field_validator("save_num_checkpoints_to_keep")
-    @classmethod
-    def _keep(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError(f"must be >= 1, or null to keep every checkpoint, got {value}")
-        return value
-
-    @field_validator("loggers")
-    @classmethod
-    def _loggers(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if name not in LOGGERS:
-                raise ValueError(f"unknown logger {name!r}; use one of {sorted(LOGGERS)}")
-        return value
-
-    @field_validator("grad_clip_norm")
-    @classmethod
-    def _clip(cls, value: float | None) -> float | None:
-        if value is not None and not (math.isfinite(value) and value > 0):
-            raise ValueError(f"must be a positive number, or null for no clipping, got {value}")
-        return value
+    global_train_batch_size: int = Field(gt=0, description="Samples per step over all ranks (the Trainer's "
+                                                           "global_batch_size).")
+    torch_threads: int | None = Field(default=None, ge=1, description="torch's CPU threads; None: torch's.")
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:
@@ -193,10 +148,27 @@ class Recipe(Strict):
             GPTConfig.from_dict(dict(self.model))
         except (TypeError, ValueError, ArithmeticError) as exc:
             raise ValueError(f"model: {exc}") from None
+        self.trainer_config()  # the settings' checks across keys (autoresume needs save_folder)
         return self
+
+    def trainer_config(self) -> TrainerConfig:
+        """The train layer's config of this run (the recipe's keys under the Trainer's names)."""
+        settings = {name: getattr(self, name) for name in TrainerConfig.model_fields
+                    if name not in TRAINER_KEYS_RENAMED}
+        settings["global_batch_size"] = self.global_train_batch_size
+        settings["eval_subset_num_batches"] = self.data.eval.max_batches if self.data.eval else None
+        if self.save_folder and self.run_name:
+            settings["save_folder"] = self.save_folder.replace("{run_name}", self.run_name)
+        return TrainerConfig.of(settings)
 
     def gpt_config(self) -> GPTConfig:
         return GPTConfig.from_dict(dict(self.model))
+
+    def dump(self) -> dict[str, Any]:
+        """The recipe as plain YAML/JSON values, in the order recipes are written (the LLM's sections first)."""
+        data = self.model_dump(mode="json")
+        first = ["run_name", "seed", "model", "tokenizer", "data", "optimizer", "scheduler", "global_train_batch_size"]
+        return {key: data[key] for key in first + [k for k in data if k not in first]}
 
     def check_batches(self, world_size: int) -> int:
         """The per-device batch; RecipeError naming the numbers when they cannot divide."""
@@ -209,6 +181,42 @@ class Recipe(Strict):
             raise RecipeError(f"device_train_microbatch_size={mb} does not divide the per-device batch "
                               f"{per_device} (= global_train_batch_size {g} / world size {world_size})")
         return per_device
+
+
+def _type_name(annotation: Any) -> str:
+    """A key's type as a recipe writer reads it: `time | null`, `fp32 | amp_bf16 | amp_fp16`, `list[str]`."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(a) for a in args)
+    if origin in (list, tuple):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args if a is not Ellipsis)}]"
+    if origin is dict:
+        return "mapping"
+    if annotation is Time:
+        return "time"
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return " | ".join(str(m.value) for m in annotation)
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def recipe_keys(schema: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, description) of every key, sections expanded, derived from the schema."""
+    rows = []
+    for name, info in (schema or Recipe).model_fields.items():
+        nested = _nested_models(info.annotation)
+        if nested:
+            index = ".N" if get_origin(info.annotation) is list else ""
+            rows += recipe_keys(nested[0], f"{prefix}{name}{index}.")
+            continue
+        value = None if info.is_required() else info.get_default(call_default_factory=True)
+        default = ("required" if info.is_required() else value if isinstance(value, str)
+                   else json.dumps(value, default=lambda v: getattr(v, "value", str(v))))
+        rows.append((f"{prefix}{name}", _type_name(info.annotation), default, info.description or ""))
+    return rows
 
 
 def shipped_recipes() -> list[str]:
@@ -323,20 +331,7 @@ def _did_you_mean(loc: tuple[Any, ...]) -> str:
 
 
 def _explain(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        loc = tuple(err["loc"])
-        key = ".".join(str(p) for p in loc)
-        if err["type"] == "extra_forbidden":
-            close = _did_you_mean(loc)
-            lines.append(f"unknown key {key!r}" + (f"; did you mean {close!r}?" if close else ""))
-        elif err["type"] == "missing":
-            lines.append(f"missing key {key!r}")
-        elif err["type"] == "value_error":  # our own checks: the message already names the value
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{key}: {msg}" if key else msg)
-        else:
-            lines.append(f"{key}: {err['msg']} (got {err.get('input')!r})" if key else err["msg"])
+    lines = error_lines(exc, _did_you_mean)
     if len(lines) == 1:
         return f"invalid recipe: {lines[0]}"
     return "invalid recipe:\n  " + "\n  ".join(lines)

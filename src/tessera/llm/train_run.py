@@ -42,9 +42,7 @@ class DataUnavailable(RuntimeError):
 
 def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int) -> StreamingDataLoader:
     ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
-                          shuffle=spec.shuffle, shuffle_seed=spec.shuffle_seed,
-                          num_canonical_nodes=spec.num_canonical_nodes, shuffle_block_size=spec.shuffle_block_size,
-                          cache_limit=spec.cache_limit, columns=["tokens"])
+                          columns=["tokens"], **spec.dataset_options())
     # Tessera's fixed windows stack as they are; LLM Foundry's ndarray:int32 / bytes tokens need a collate.
     collate = token_collate([(st.label, tokens_encoding(st.entries)) for st in ds.streams if st.entries], seq_len,
                             spec.token_encoding_type)
@@ -98,22 +96,13 @@ def make_trainer(recipe: Recipe) -> Trainer:
     sched = recipe.scheduler
     decay = {"alpha_f": sched.alpha_f} if sched.name != "constant_with_warmup" else {}
     schedule = SCHEDULES[sched.name](warmup=sched.t_warmup, **decay)
-    save_folder = recipe.save_folder.format(run_name=recipe.run_name) if recipe.save_folder else None
-    return Trainer(
-        model, optimizer, train_dataloader=train, max_duration=recipe.max_duration, schedulers=schedule,
-        run_name=recipe.run_name, save_folder=save_folder, save_interval=recipe.save_interval,
-        save_num_checkpoints_to_keep=recipe.save_num_checkpoints_to_keep, autoresume=recipe.autoresume,
-        load_path=recipe.load_path, eval_dataloader=evals, eval_interval=recipe.eval_interval,
-        eval_subset_num_batches=recipe.data.eval.max_batches if recipe.data.eval else None,
-        precision=recipe.precision, grad_clip_norm=recipe.grad_clip_norm,
-        device_train_microbatch_size=recipe.device_train_microbatch_size,
-        global_batch_size=recipe.global_train_batch_size, loggers=recipe.loggers, log_interval=recipe.log_interval,
-        seed=recipe.seed, run_config=run_config(recipe, model))
+    return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
+                   run_config=run_config(recipe, model), config=recipe.trainer_config())
 
 
 def run_config(recipe: Recipe, model: GPT) -> dict[str, Any]:
     """What checkpoints remember: the model to rebuild (export, generate) and the whole recipe."""
-    return {"model": model.cfg.to_dict(), "tokenizer": recipe.tokenizer, "recipe": recipe.model_dump(mode="json")}
+    return {"model": model.cfg.to_dict(), "tokenizer": recipe.tokenizer, "recipe": recipe.dump()}
 
 
 def train(recipe: Recipe) -> int:

@@ -24,10 +24,11 @@ from tessera.shards.text_reader import open_shard_reader
 from tessera.storage import NotFound, RetryPolicy, StorageError, Store, open_store
 from tessera.storage.local import LocalStore, write_atomic
 from tessera.storage.url import parse_url
+from tessera.stream.batching.mixing import StreamShards, resolved_weights
 from tessera.stream.cache import ShardCache
+from tessera.stream.config import StreamConfig
 from tessera.stream.forksafe import call_outside_runtime
 from tessera.stream.integrity import check_hash_recorded
-from tessera.stream.mixing import StreamShards, resolved_weights
 
 
 @dataclass
@@ -51,11 +52,9 @@ class Stream:
     keep_zip: bool | None = None
 
     def __post_init__(self) -> None:
-        if self.remote is None and self.local is None:
-            raise ValueError("a Stream needs a remote URL, a local folder, or both")
-        given = [n for n in ("proportion", "repeat", "choose") if getattr(self, n) is not None]
-        if len(given) > 1:
-            raise ValueError(f"a Stream takes at most one of proportion, repeat, choose; got {given}")
+        """Checked by the stream layer's one description of a stream (config.py); the arguments are kept
+        as given (a Path stays a Path)."""
+        StreamConfig.check(**{name: getattr(self, name) for name in StreamConfig.model_fields})
 
 
 def default_local(remote: str) -> str:

@@ -1,13 +1,35 @@
-"""Checks of the Trainer's settings, run before anything starts, with messages that say what to change."""
+"""The Trainer's settings as one typed config (`TrainerConfig`), and the checks run before anything starts,
+with messages that say what to change.
+
+`Trainer(model, opt, train_dataloader=..., max_duration="2ep", ...)` validates its keywords by building a
+`TrainerConfig`; a recipe (llm/recipe.py) takes its training keys from the same fields. Objects (model,
+optimizers, loaders, callbacks, loss functions) are not settings and stay Trainer arguments.
+"""
 
 from __future__ import annotations
 
+import difflib
+import math
 import os
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
 
 from tessera.storage import StorageError, open_store
+from tessera.train.loggers import LOGGERS, Logger
 from tessera.train.time import Time, TimeUnit
+from tessera.typed_config import one_message, storage_url
 
 
 class Precision(StrEnum):
@@ -94,3 +116,144 @@ def check_save_folder(save_folder: str, run_name: str | None, rank: int) -> None
         raise ValueError(f"save_folder {folder!r} cannot be written ({exc}); check the bucket name, the "
                          f"credentials (S3_ENDPOINT_URL, AWS_*) and write permission, or pick another folder"
                          ) from None
+
+
+# --- the typed settings -------------------------------------------------------------------------------------
+# Each check lives on its type (Annotated), so a config that reuses a field (a recipe) reuses its check.
+
+
+def _time(value: Any, info: ValidationInfo, *, allow_dur: bool = True, positive: bool = False) -> Time | None:
+    if value is None:
+        return None
+    time = parse_time(value, info.field_name or "time", allow_dur=allow_dur)
+    if positive and time.value <= 0:
+        raise ValueError(f"{info.field_name} must be positive, got {time}")
+    return time
+
+
+def _duration(value: Any, info: ValidationInfo) -> Time | None:
+    return _time(value, info, allow_dur=False)
+
+
+def _interval(value: Any, info: ValidationInfo) -> Time | None:
+    return _time(value, info, positive=True)
+
+
+def _time_str(time: Time | None) -> str | None:
+    return None if time is None else str(time)
+
+
+TimeSetting = Annotated[Time | None, BeforeValidator(_time), PlainSerializer(_time_str)]
+"""A time ("500ba", "2ep", "1e9tok", "0.1dur"), kept as a `Time`, written back as its string."""
+Duration = Annotated[Time, BeforeValidator(_duration), PlainSerializer(_time_str)]
+Interval = Annotated[Time | None, BeforeValidator(_interval), PlainSerializer(_time_str)]
+
+
+def _precision(value: Any) -> Precision:
+    return value if isinstance(value, Precision) else parse_precision(value)
+
+
+def _microbatch(value: Any) -> Any:
+    parse_microbatch(value)
+    return value
+
+
+def _parallelism(value: Any) -> Any:
+    if value not in ("ddp", "fsdp", None):
+        raise ValueError(f"unknown parallelism {value!r}; use 'ddp', 'fsdp' or None")
+    return value
+
+
+def _loggers(value: Any) -> list[Any]:
+    value = ["progress"] if value is None else [value] if isinstance(value, (str, Logger)) else value
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"loggers must be a list of names or Logger instances, got {value!r}")
+    for spec in value:
+        if not isinstance(spec, Logger) and spec not in LOGGERS:
+            raise ValueError(f"loggers: unknown logger {spec!r}; use one of {sorted(LOGGERS)} or a Logger instance")
+    return list(value)
+
+
+def _device(value: Any) -> Any:
+    return str(value) if value is not None and not isinstance(value, str) and hasattr(value, "type") else value
+
+
+def _run_name(value: str | None) -> str | None:
+    return None if value is None else check_run_name(value)
+
+
+def _clip(value: float | None) -> float | None:
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ValueError(f"grad_clip_norm must be a positive number, or None (null) for no clipping, got {value}")
+    return value
+
+
+def _positive_or_none(none_means: str) -> AfterValidator:
+    def check(value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError(f"{info.field_name} must be >= 1, or None (null) {none_means}, got {value}")
+        return value
+    return AfterValidator(check)
+
+
+StorageURL = Annotated[str | None, BeforeValidator(storage_url)]
+
+
+class TrainerConfig(BaseModel):
+    """Every setting of a training run, checked before any process group, download or upload."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True, arbitrary_types_allowed=True,
+                              validate_default=True)
+
+    max_duration: Duration = Field(description="How long to train: ba, ep, sp or tok (e.g. 300ba, 2ep).")
+    run_name: Annotated[str | None, AfterValidator(_run_name)] = Field(
+        None, description="Names the run's folders; no '/', '..' or leading '.'. None: $RUN_NAME.")
+    seed: int = Field(42, description="Seeds python, numpy and torch (plus the rank).")
+    save_folder: StorageURL = Field(None, description="Where checkpoints go (a path or URL; may hold {run_name}).")
+    save_interval: Interval = Field(None, description="How often to save a checkpoint; None: every epoch.")
+    save_num_checkpoints_to_keep: Annotated[int | None, _positive_or_none("to keep every checkpoint")] = Field(
+        None, description="How many recent checkpoints to keep; None keeps all.")
+    save_keep_every_n: Annotated[int | None, _positive_or_none("to keep none beyond the recent ones")] = Field(
+        None, description="Also keep every n-th checkpoint for good.")
+    autoresume: bool = Field(False, description="Resume from the latest checkpoint in save_folder, if any.")
+    load_path: StorageURL = Field(None, description="A checkpoint to start from (when not autoresuming).")
+    load_weights_only: bool = Field(False, description="From load_path, load the weights only (fine-tuning).")
+    eval_interval: Interval = Field(None, description="How often to evaluate; None: every epoch.")
+    eval_subset_num_batches: Annotated[int | None, _positive_or_none("for the whole eval set")] = Field(
+        None, description="Evaluate on this many batches only.")
+    precision: Annotated[Precision, BeforeValidator(_precision)] = Field(
+        Precision.FP32, description="fp32, amp_bf16 or amp_fp16 (adds a gradient scaler).")
+    grad_clip_norm: Annotated[float | None, AfterValidator(_clip)] = Field(
+        None, description="Clip the gradients' global norm to this; None: no clipping.")
+    device_train_microbatch_size: Annotated[int | Literal["auto"] | None, BeforeValidator(_microbatch)] = Field(
+        None, description="Samples per forward/backward; 'auto' halves it on out-of-memory; None: the batch.")
+    global_batch_size: Annotated[int | None, _positive_or_none("for the loader's batch x world size")] = Field(
+        None, description="Samples per step over all ranks; must be the loader's batch x world size.")
+    loggers: Annotated[list[str | Logger], BeforeValidator(_loggers)] = Field(
+        default_factory=lambda: ["progress"], description=f"Logger names ({', '.join(sorted(LOGGERS))}).")
+    log_dir: str = Field("logs/{run_name}", description="Where file loggers write.")
+    log_interval: Interval = Field("1ba", description="How often to log the training metrics.")
+    device: Annotated[str | None, BeforeValidator(_device)] = Field(
+        None, description="A torch device (cpu, cuda, cuda:1); None: the rank's GPU, else the CPU.")
+    parallelism: Annotated[Literal["ddp", "fsdp"] | None, BeforeValidator(_parallelism)] = Field(
+        "ddp", description="How the model is spread over ranks: ddp, fsdp, or None.")
+
+    @model_validator(mode="after")
+    def _needs_save_folder(self) -> TrainerConfig:
+        if self.autoresume and self.save_folder is None:
+            raise ValueError("autoresume=True needs save_folder (where the run's checkpoints are)")
+        return self
+
+    @classmethod
+    def of(cls, settings: dict[str, Any]) -> TrainerConfig:
+        """The config from keyword settings: TypeError for an unknown keyword (with a did-you-mean), as a
+        Python call would raise, and ValueError naming the setting for a bad value."""
+        for name in settings:
+            if name not in cls.model_fields:
+                close = difflib.get_close_matches(name, list(cls.model_fields), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise TypeError(f"Trainer got an unknown setting {name!r}{hint}")
+        try:
+            return cls(**settings)
+        except ValidationError as exc:
+            raise ValueError(one_message(exc)) from None

@@ -46,11 +46,10 @@ from tessera.train.checkpoint import (
 )
 from tessera.train.config import (
     Precision,
+    TrainerConfig,
     check_batch_size,
     check_save_folder,
     parse_microbatch,
-    parse_precision,
-    parse_time,
     per_device_batch_size,
 )
 from tessera.train.epochs import END, EpochIterator, loader_length
@@ -93,46 +92,36 @@ class Trainer:
     """Trains `model` with `optimizers` on `train_dataloader` for `max_duration` (module docstring)."""
 
     def __init__(self, model: torch.nn.Module, optimizers: torch.optim.Optimizer | Sequence[torch.optim.Optimizer],
-                 *, train_dataloader: Any, max_duration: Time | str, schedulers: Any = None,
-                 run_name: str | None = None, save_folder: str | None = None, save_interval: Time | str | None = None,
-                 save_num_checkpoints_to_keep: int | None = None, save_keep_every_n: int | None = None,
-                 autoresume: bool = False, load_path: str | None = None, load_weights_only: bool = False,
-                 eval_dataloader: Any = None, eval_interval: Time | str | None = None,
-                 eval_subset_num_batches: int | None = None, precision: str = "fp32",
-                 grad_clip_norm: float | None = None, device_train_microbatch_size: int | str | None = None,
-                 global_batch_size: int | None = None, loggers: Any = None, log_dir: str = "logs/{run_name}",
-                 log_interval: Time | str = "1ba", callbacks: Sequence[Callback] = (), seed: int = 42,
-                 loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
-                 num_tokens_fn: Callable[[Any], int] | None = None, device: str | torch.device | None = None,
-                 parallelism: str | None = "ddp", run_config: dict[str, Any] | None = None) -> None:
+                 *, train_dataloader: Any, schedulers: Any = None, eval_dataloader: Any = None,
+                 callbacks: Sequence[Callback] = (), loss_fn: Callable[[torch.nn.Module, Any], Any] | None = None,
+                 num_tokens_fn: Callable[[Any], int] | None = None, run_config: dict[str, Any] | None = None,
+                 config: TrainerConfig | None = None, **settings: Any) -> None:
+        """`settings` are `TrainerConfig`'s fields as keywords (max_duration="2ep", save_folder=...), or pass
+        a built `config=`; the objects the run uses (model, loaders, callbacks...) are the named arguments."""
         # Configuration errors first, before any process group, download or upload.
+        if config is not None and settings:
+            raise TypeError(f"pass the settings as keywords or as config=, not both (got {sorted(settings)})")
+        cfg = self.settings = config if config is not None else TrainerConfig.of(settings)
         self.run_config = dict(run_config or {})  # e.g. the recipe: stored in every checkpoint's meta.json
-        self.precision = parse_precision(precision)
-        if parallelism not in ("ddp", "fsdp", None):
-            raise ValueError(f"unknown parallelism {parallelism!r}; use 'ddp', 'fsdp' or None")
-        self.max_duration = parse_time(max_duration, "max_duration", allow_dur=False)
-        self.save_interval = parse_time(save_interval or "1ep", "save_interval")
-        self.eval_interval = parse_time(eval_interval or "1ep", "eval_interval")
-        self.log_interval = parse_time(log_interval, "log_interval")
-        microbatch_size, auto = parse_microbatch(device_train_microbatch_size)
-        if grad_clip_norm is not None and grad_clip_norm <= 0:
-            raise ValueError(f"grad_clip_norm must be positive (or None for no clipping), got {grad_clip_norm}")
-        if autoresume and save_folder is None:
-            raise ValueError("autoresume=True needs save_folder (where the run's checkpoints are)")
+        self.precision, self.max_duration, self.log_interval = cfg.precision, cfg.max_duration, cfg.log_interval
+        self.save_interval = cfg.save_interval or Time(1, TimeUnit.EPOCH)
+        self.eval_interval = cfg.eval_interval or Time(1, TimeUnit.EPOCH)
+        microbatch_size, auto = parse_microbatch(cfg.device_train_microbatch_size)
+        run_name, save_folder = cfg.run_name, cfg.save_folder
 
         self.env = dist_utils.current_env()
         self.rank, self.world_size = self.env.rank, self.env.world_size
-        self.per_device_batch_size = per_device_batch_size(train_dataloader, global_batch_size, self.world_size)
-        self.loggers = make_loggers(loggers)  # an unavailable logger (tensorboard) fails here
+        self.per_device_batch_size = per_device_batch_size(train_dataloader, cfg.global_batch_size, self.world_size)
+        self.loggers = make_loggers(cfg.loggers)  # an unavailable logger (tensorboard) fails here
         if save_folder is not None:
             check_save_folder(save_folder, run_name, self.rank)
-        self.device = torch.device(device) if device is not None else dist_utils.default_device(self.env)
+        self.device = torch.device(cfg.device) if cfg.device is not None else dist_utils.default_device(self.env)
         dist_utils.init_distributed(self.device)
         self.microbatch = AutoMicrobatch(microbatch_size, auto, self.device)
-        seed_all(seed + self.rank)
+        seed_all(cfg.seed + self.rank)
 
         self.optimizers = _listify(optimizers)
-        self.model = dist_utils.parallelize(model, parallelism, self.device, self.optimizers)
+        self.model = dist_utils.parallelize(model, cfg.parallelism, self.device, self.optimizers)
         self.timestamp = Timestamp()
         self.schedulers: list[Any] = []
         for sched in _listify(schedulers):
@@ -143,21 +132,21 @@ class Trainer:
                 self.schedulers += [lambda_lr(opt, resolved, lambda: self.timestamp) for opt in self.optimizers]
         self._amp_dtype = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}.get(self.precision)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision is Precision.AMP_FP16)
-        self._manual_sync = auto and self.world_size > 1 and parallelism == "ddp"
+        self._manual_sync = auto and self.world_size > 1 and cfg.parallelism == "ddp"
         self._count_group = torch.distributed.new_group(backend="gloo") if self.world_size > 1 else None
 
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
-        self.eval_subset_num_batches = eval_subset_num_batches
+        self.eval_subset_num_batches = cfg.eval_subset_num_batches
         self.loss_fn, self.num_tokens_fn = loss_fn, num_tokens_fn
-        self.grad_clip_norm, self.seed, self.parallelism = grad_clip_norm, seed, parallelism
-        self.autoresume, self.load_path, self.load_weights_only = autoresume, load_path, load_weights_only
+        self.grad_clip_norm, self.seed, self.parallelism = cfg.grad_clip_norm, cfg.seed, cfg.parallelism
+        self.autoresume, self.load_path, self.load_weights_only = cfg.autoresume, cfg.load_path, cfg.load_weights_only
         self.callbacks = list(callbacks)
         self.checkpoints: CheckpointManager | None = None
         if save_folder is not None:
-            self.checkpoints = CheckpointManager(save_folder, run_name, num_to_keep=save_num_checkpoints_to_keep,
-                                                 keep_every_n=save_keep_every_n, on_saved=self._on_saved)
+            self.checkpoints = CheckpointManager(save_folder, run_name, num_to_keep=cfg.save_num_checkpoints_to_keep,
+                                                 keep_every_n=cfg.save_keep_every_n, on_saved=self._on_saved)
         self.run_name = self.checkpoints.run_name if self.checkpoints else (run_name or os.environ.get("RUN_NAME", ""))
-        self.log_dir = Path(log_dir.replace("{run_name}", self.run_name or "run"))
+        self.log_dir = Path(cfg.log_dir.replace("{run_name}", self.run_name or "run"))
         self.heartbeat = Heartbeat.from_env(self.run_name, self.rank)
         self.throughput = Throughput()
         self.stop_requested = False
