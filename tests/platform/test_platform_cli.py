@@ -52,6 +52,7 @@ def test_failed_follow_exits_non_zero_and_stop_of_finished_run(platform: Platfor
 
 
 def test_cluster_and_secret_commands(platform: Platform, tmp_path: Path) -> None:
+    (tmp_path / "slurm.conf").write_text("ClusterName=farm\n")  # a missing slurm.conf is refused at add
     tessera("cluster", "add", "farm", "--type", "slurm", "--partition", "gpu", "--account", "ml",
             "--slurm-conf", str(tmp_path / "slurm.conf"))
     clusters = {c["name"]: c for c in map(json.loads, tessera("cluster", "list", "--json").stdout.splitlines())}

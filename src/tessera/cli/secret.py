@@ -28,14 +28,52 @@ app.add_typer(create, name="create")
 
 @create.command("s3")
 def create_s3(name: str,
-              access_key_id: str = typer.Option(..., "--access-key-id", help="Access key id."),
-              secret_access_key: str = typer.Option(..., "--secret-access-key", prompt=True, hide_input=True,
-                                                    help="Secret access key (prompted for if absent)."),
+              access_key_id: str = typer.Option(None, "--access-key-id",
+                                                help="Access key id (with --from-env: default $AWS_ACCESS_KEY_ID)."),
+              from_env: bool = typer.Option(False, "--from-env",
+                                            help="Take AWS_SECRET_ACCESS_KEY (and AWS_ACCESS_KEY_ID, S3_ENDPOINT_URL, "
+                                                 "AWS_REGION unless given) from this shell's environment."),
+              from_file: str = typer.Option(None, "--from-file", metavar="PATH",
+                                            help="Read the secret access key from a file."),
+              stdin: bool = typer.Option(False, "--stdin", help="Read the secret access key from stdin."),
+              secret_access_key: str = typer.Option(None, "--secret-access-key",
+                                                    help="Deprecated: a value on the command line ends up in shell "
+                                                         "history and in `ps`."),
               endpoint: str = typer.Option(None, help="Endpoint URL for S3-compatible stores (R2, MinIO, ...)."),
               region: str = typer.Option(None, help="Region."),
               overwrite: bool = typer.Option(False, "--overwrite", help="Replace a secret of the same name.")) -> None:
-    """S3 credentials, injected as AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL, AWS_REGION."""
+    """S3 credentials, injected as AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, S3_ENDPOINT_URL, AWS_REGION.
+
+    The secret key comes from --from-env, --from-file or --stdin (prompted for on a terminal without them):
+    `tessera secret create s3 store --from-env`, or `... --access-key-id AKIA... --stdin < key.txt`."""
+    sources = [flag for flag, given in (("--from-env", from_env), ("--from-file", from_file), ("--stdin", stdin),
+                                        ("--secret-access-key", secret_access_key)) if given]
+    if len(sources) > 1:
+        raise typer.BadParameter(f"give the secret access key one way, not {' and '.join(sources)}",
+                                 param_hint="--from-env / --from-file / --stdin")
+    if secret_access_key:
+        err.print("[yellow]warning:[/yellow] --secret-access-key VALUE is kept in shell history and visible to "
+                  "other users in `ps`; use --from-env, --from-file or --stdin", soft_wrap=True)
     try:
+        if from_env:
+            secret_access_key = values_from_environ(["AWS_SECRET_ACCESS_KEY"], os.environ)["AWS_SECRET_ACCESS_KEY"]
+            access_key_id = access_key_id or os.environ.get("AWS_ACCESS_KEY_ID")
+            endpoint = endpoint or os.environ.get("S3_ENDPOINT_URL")
+            region = region or os.environ.get("AWS_REGION")
+        elif from_file:
+            secret_access_key = values_from_files([f"AWS_SECRET_ACCESS_KEY={from_file}"])["AWS_SECRET_ACCESS_KEY"]
+        elif stdin:
+            secret_access_key = sys.stdin.readline().removesuffix("\n").removesuffix("\r")
+        elif not secret_access_key:
+            if not sys.stdin.isatty():
+                raise typer.BadParameter("give the secret access key with --from-env, --from-file PATH or --stdin",
+                                         param_hint="--from-env / --from-file / --stdin")
+            secret_access_key = typer.prompt("Secret access key", hide_input=True)
+        if not access_key_id:
+            raise typer.BadParameter("missing: give it, or set AWS_ACCESS_KEY_ID and pass --from-env",
+                                     param_hint="--access-key-id")
+        if not secret_access_key:
+            raise SecretError(f"secret {name}: the secret access key is empty")
         SecretStore().create_s3(name, access_key_id, secret_access_key, endpoint, region, overwrite=overwrite)
     except SecretError as exc:
         fail(exc)
