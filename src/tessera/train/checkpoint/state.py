@@ -101,34 +101,31 @@ def apply_state(state: dict[str, Any], model: torch.nn.Module | None = None,
                                  options=StateDictOptions(strict=strict, full_state_dict=full))
         else:
             inner.load_state_dict(state["model"], strict=strict)
-    saved_optims = state.get("optimizers") or []
-    if optimizers and saved_optims:
-        if len(saved_optims) != len(optimizers):
-            raise ValueError(f"the checkpoint has {len(saved_optims)} optimizer state(s), "
-                             f"but {len(optimizers)} optimizer(s) were given")
-        for opt, opt_state in zip(optimizers, saved_optims, strict=True):
-            if sharded:
-                from torch.distributed.checkpoint.state_dict import (
-                    StateDictOptions,
-                    set_optimizer_state_dict,
-                )
+    for opt, opt_state in _pairs(optimizers, state.get("optimizers"), "optimizer"):
+        if sharded:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-                full = not has_dtensor(opt_state)
-                set_optimizer_state_dict(unwrap_model(model), opt, opt_state,
-                                         options=StateDictOptions(strict=strict, full_state_dict=full))
-            else:
-                opt.load_state_dict(opt_state)
-    saved_scheds = state.get("schedulers") or []
-    if schedulers and saved_scheds:
-        if len(saved_scheds) != len(schedulers):
-            raise ValueError(f"the checkpoint has {len(saved_scheds)} scheduler state(s), "
-                             f"but {len(schedulers)} scheduler(s) were given")
-        for sched, sched_state in zip(schedulers, saved_scheds, strict=True):
-            sched.load_state_dict(sched_state)
+            full = not has_dtensor(opt_state)
+            set_optimizer_state_dict(unwrap_model(model), opt, opt_state,
+                                     options=StateDictOptions(strict=strict, full_state_dict=full))
+        else:
+            opt.load_state_dict(opt_state)
+    for sched, sched_state in _pairs(schedulers, state.get("schedulers"), "scheduler"):
+        sched.load_state_dict(sched_state)
     if scaler is not None and state.get("scaler") is not None:
         scaler.load_state_dict(state["scaler"])
     if restore_rng and state.get("rng") is not None:
         restore_rng_state(state["rng"])
+
+
+def _pairs(live: list[Any], saved: list[Any] | None, what: str) -> list[tuple[Any, Any]]:
+    """Each live object with its saved state; none when either side is empty (a weights-only load, or
+    nothing passed to restore), an error when both are given and their counts differ."""
+    if not live or not saved:
+        return []
+    if len(saved) != len(live):
+        raise ValueError(f"the checkpoint has {len(saved)} {what} state(s), but {len(live)} {what}(s) were given")
+    return list(zip(live, saved, strict=True))
 
 
 def stage_to_host(obj: Any, buffers: dict[tuple, torch.Tensor] | None = None, path: tuple = ()) -> Any:
