@@ -381,6 +381,13 @@ def test_max_duration_in_every_unit(tmp_path, dataset, duration, expected):
         assert {c for c in trainer.checkpoints.checkpoints()} == {"ep1-ba12", "ep2-ba24"}
 
 
+def test_retention_leaves_only_the_kept_checkpoints_in_a_local_save_folder(tmp_path, dataset):
+    save = tmp_path / "ckpt"
+    tr.run({"data": dataset, "out": str(tmp_path), "max_duration": "7ba", "save_folder": str(save),
+            "save_interval": "1ba", "keep": 3})
+    assert sorted(p.name for p in save.iterdir()) == ["ep0-ba5", "ep0-ba6", "ep0-ba7", "latest"]
+
+
 def _good(dataset: str, tmp_path: Path) -> dict[str, Any]:
     return {"data": dataset, "out": str(tmp_path), "max_duration": "2ba"}
 

@@ -114,6 +114,7 @@ def build(cfg: dict[str, Any]) -> tuple[Trainer, Recorder]:
                       schedulers=CosineWithWarmup(warmup="2ba", duration="16ba", alpha_f=0.1),
                       run_name=cfg.get("run_name", "tiny"), save_folder=cfg.get("save_folder"),
                       save_interval=cfg.get("save_interval"), autoresume=cfg.get("autoresume", False),
+                      save_num_checkpoints_to_keep=cfg.get("keep"),
                       eval_dataloader=eval_loader, eval_interval=cfg.get("eval_interval"),
                       precision=cfg.get("precision", "fp32"), grad_clip_norm=cfg.get("grad_clip_norm", 1.0),
                       device_train_microbatch_size=cfg.get("microbatch"), global_batch_size=gbs,
