@@ -52,6 +52,7 @@ from tessera.train.config import (
     parse_microbatch,
     per_device_batch_size,
 )
+from tessera.train.cpu_threads import limit_threads_if_oversubscribed
 from tessera.train.epochs import END, EpochIterator, loader_length
 from tessera.train.evaluation import evaluate, model_outputs
 from tessera.train.heartbeat import Heartbeat
@@ -117,6 +118,7 @@ class Trainer:
             check_save_folder(save_folder, run_name, self.rank)
         self.device = torch.device(cfg.device) if cfg.device is not None else dist_utils.default_device(self.env)
         dist_utils.init_distributed(self.device)
+        limit_threads_if_oversubscribed(self.device)
         self.microbatch = AutoMicrobatch(microbatch_size, auto, self.device)
         seed_all(cfg.seed + self.rank)
 

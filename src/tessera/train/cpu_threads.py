@@ -1,0 +1,62 @@
+"""Fewer torch threads when the CPU is already busy.
+
+torch's intra-op pool starts one thread per core and its threads wait for each other at every operator.
+When other processes hold the cores, each operator waits for the slowest thread to be scheduled again,
+and a CPU step becomes 8-14x slower than with a single thread. So a CPU run that starts on an
+oversubscribed machine (the 1-minute load average above the cores this process may use, by a margin)
+drops to one thread and says so once, unless the user chose a thread count.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def overload_margin(cores: int) -> float:
+    """How far the load may exceed the cores before we act: a just-finished data prep or one other job
+    lifts the 1-minute average for a while without starving torch's threads."""
+    return max(1.0, 0.5 * cores)
+
+
+def threads_for_load(load: float, cores: int, user_set: bool) -> int | None:
+    """The thread count to switch to (1), or None to leave torch's choice alone."""
+    if user_set or cores <= 1:
+        return None
+    return 1 if load > cores + overload_margin(cores) else None
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
+def threads_set_by_user(cores: int) -> bool:
+    """OMP_NUM_THREADS / MKL_NUM_THREADS, or a `torch.set_num_threads(n)` with n other than torch's default
+    (one thread per usable core here); a call that sets the default value is indistinguishable from none."""
+    return any(os.environ.get(name) for name in THREAD_VARIABLES) or torch.get_num_threads() != cores
+
+
+def limit_threads_if_oversubscribed(device: torch.device) -> None:
+    """On a CPU device, switch torch to one thread when the cores are oversubscribed (see the module)."""
+    if device.type != "cpu":
+        return
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        return
+    cores = available_cores()
+    threads = threads_for_load(load, cores, threads_set_by_user(cores))
+    if threads is not None:
+        logger.warning("the CPU is oversubscribed (1-minute load %.1f on %d cores): torch uses %d thread instead "
+                       "of %d, as its threads slow down many times when they share cores; set OMP_NUM_THREADS "
+                       "or torch_threads to choose", load, cores, threads, torch.get_num_threads())
+        torch.set_num_threads(threads)

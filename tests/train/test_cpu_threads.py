@@ -1,0 +1,65 @@
+"""The trainer's guard against an oversubscribed CPU: the decision is a pure function of (load, cores,
+whether the user chose a thread count); the wiring is checked with the load average injected."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tessera.train import cpu_threads
+from tessera.train.cpu_threads import threads_for_load
+
+
+@pytest.mark.parametrize(("load", "cores", "user_set", "expected"), [
+    (0.5, 2, False, None),     # idle
+    (2.9, 2, False, None),     # busy but within the margin (e.g. a data prep that just ended)
+    (6.0, 2, False, 1),        # six jobs on two cores
+    (6.0, 2, True, None),      # the user chose: leave it
+    (40.0, 1, False, None),    # one core: torch already uses one thread
+    (13.0, 8, False, 1),
+    (11.0, 8, False, None),
+])
+def test_threads_for_load(load: float, cores: int, user_set: bool, expected: int | None) -> None:
+    assert threads_for_load(load, cores, user_set) == expected
+
+
+@given(load=st.floats(0, 1000), cores=st.integers(1, 512), user_set=st.booleans())
+def test_never_acts_for_a_user_choice_or_below_the_cores(load: float, cores: int, user_set: bool) -> None:
+    threads = threads_for_load(load, cores, user_set)
+    assert threads in (None, 1)
+    if user_set or load <= cores:
+        assert threads is None
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_an_oversubscribed_cpu_drops_to_one_thread_once(monkeypatch: pytest.MonkeyPatch, restore_threads,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    for name in cpu_threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 5.0, 3.0))
+    torch.set_num_threads(2)
+    with caplog.at_level(logging.WARNING, logger="tessera.train.cpu_threads"):
+        cpu_threads.limit_threads_if_oversubscribed(torch.device("cpu"))
+    assert torch.get_num_threads() == 1
+    (record,) = caplog.records
+    assert "oversubscribed" in record.getMessage() and "9.0" in record.getMessage()
+
+    torch.set_num_threads(2)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # chosen by the user: kept
+    cpu_threads.limit_threads_if_oversubscribed(torch.device("cpu"))
+    assert torch.get_num_threads() == 2
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    cpu_threads.limit_threads_if_oversubscribed(torch.device("meta"))  # not a CPU run: untouched
+    assert torch.get_num_threads() == 2
