@@ -6,7 +6,7 @@
 4. tessera train tiny-cpu.yaml   -> checkpoints into the bucket ... killed part-way (kill -9)
 5. tessera train tiny-cpu.yaml   -> autoresume from the newest complete checkpoint, to the end
 6. tessera llm eval / generate   -> perplexity on the held-out split, and a sample
-7. a loss-curve PNG and a summary of where everything is
+7. a loss-curve SVG (resume point marked) and a summary of where everything is
 
 Everything lands in demo-out/. Each step is the same CLI command a user would type (printed first).
 """
@@ -82,35 +82,23 @@ def train_and_kill() -> str:
     raise SystemExit(f"training exited (code {proc.returncode}) before reaching a checkpoint at {KILL_AFTER}")
 
 
-def loss_curve(png: Path) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """Draw train (blue) and eval (orange) loss from the run's JSONL log with Pillow."""
-    from PIL import Image, ImageDraw
+def loss_curve(svg: Path, resumed_from: int) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    """Draw train and eval loss from the run's JSONL log, with the resume point marked (loss_plot.py).
+    The batches between the checkpoint and the kill ran twice; the resumed run's values are kept."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from loss_plot import loss_svg
 
-    train, evals = [], []
+    train: dict[int, float] = {}
+    evals: dict[int, float] = {}
     for line in (OUT / "logs" / RUN / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
         if "train/loss" in row:
-            train.append((row["step"], row["train/loss"]))
+            train[row["step"]] = row["train/loss"]
         if "eval/loss" in row:
-            evals.append((row["step"], row["eval/loss"]))
-    w, h, pad = 720, 420, 50
-    img = Image.new("RGB", (w, h), "white")
-    d = ImageDraw.Draw(img)
-    pts = train + evals
-    lo, hi = min(v for _, v in pts), max(v for _, v in pts)
-    x = lambda s: pad + (w - 2 * pad) * s / STEPS  # noqa: E731
-    y = lambda v: h - pad - (h - 2 * pad) * (v - lo) / max(hi - lo, 1e-9)  # noqa: E731
-    d.rectangle([pad, pad, w - pad, h - pad], outline="black")
-    for series, color in ((train, (31, 119, 180)), (evals, (255, 127, 14))):
-        d.line([(x(s), y(v)) for s, v in sorted(series)], fill=color, width=2)
-        for s, v in series:
-            d.ellipse([x(s) - 2, y(v) - 2, x(s) + 2, y(v) + 2], fill=color)
-    d.text((pad, 15), f"tessera quickstart: loss vs step (train blue, eval orange); kill at {KILL_AFTER}+", fill="black")
-    d.text((5, pad - 12), f"{hi:.2f}", fill="black")
-    d.text((5, h - pad - 6), f"{lo:.2f}", fill="black")
-    d.text((w - pad - 30, h - pad + 8), f"{STEPS}", fill="black")
-    img.save(png)
-    return train, evals
+            evals[row["step"]] = row["eval/loss"]
+    train_points, eval_points = sorted(train.items()), sorted(evals.items())
+    svg.write_text(loss_svg(train_points, eval_points, steps=STEPS, resumed_from=resumed_from))
+    return train_points, eval_points
 
 
 def main() -> None:
@@ -139,8 +127,8 @@ def main() -> None:
     run([TESSERA, "llm", "generate", ckpt, "--prompt", "def parse(self, text):\n    ", "--max-new-tokens", "80",
          "--temperature", "0.7", "--top-k", "40", "--seed", "1"])
     say("7. loss curve and summary")
-    png = OUT / "loss.png"
-    train, _ = loss_curve(png)
+    plot = OUT / "loss.svg"
+    train, _ = loss_curve(plot, int(killed_at.rsplit("-ba", 1)[1]))
     tok_s = [json.loads(line).get("throughput/tokens_per_sec") for line in
              (OUT / "logs" / RUN / "metrics.jsonl").read_text().splitlines()]
     tok_s = [t for t in tok_s if t]
@@ -148,7 +136,7 @@ def main() -> None:
   data        {OUT}/bucket/data (train/ and val/ MDS shards)
   checkpoints {OUT}/bucket/runs/{RUN}/checkpoints (latest -> {latest_checkpoint()})
   logs        {OUT}/logs/{RUN}/metrics.jsonl
-  loss curve  {png}
+  loss curve  {plot} (open it in a browser)
   loss        {train[0][1]:.3f} at step {train[0][0]} -> {train[-1][1]:.3f} at step {train[-1][0]}
   killed at   after {killed_at}; resumed from it and finished {STEPS} steps
   tokens/s    {sum(tok_s) / max(len(tok_s), 1):,.0f} (mean of logged intervals)
