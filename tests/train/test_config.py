@@ -50,3 +50,9 @@ def test_trainer_takes_keywords_or_a_config_and_refuses_unknown_settings() -> No
     assert trainer.max_duration == Time(3, "ba") and trainer.seed == 5 and trainer.settings.seed == 5
     assert trainer.save_interval == Time(1, "ep")  # None: every epoch
     trainer.close()
+
+
+def test_device_is_checked_without_torch_and_takes_a_torch_device() -> None:
+    assert TrainerConfig(max_duration="1ba", device=torch.device("cuda", 1)).device == "cuda:1"
+    with pytest.raises(ValueError, match="device 'gpu0' is not a torch device"):
+        TrainerConfig.of({"max_duration": "1ba", "device": "gpu0"})

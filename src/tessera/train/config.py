@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -174,8 +175,16 @@ def _loggers(value: Any) -> list[Any]:
     return list(value)
 
 
+_DEVICE_RE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|meta)(:\d+)?$")
+
+
 def _device(value: Any) -> Any:
-    return str(value) if value is not None and not isinstance(value, str) and hasattr(value, "type") else value
+    """A torch device or its name, checked without torch (a typo would otherwise fail after set-up)."""
+    if value is not None and not isinstance(value, str) and hasattr(value, "type"):
+        value = str(value)
+    if isinstance(value, str) and not _DEVICE_RE.match(value):
+        raise ValueError(f"device {value!r} is not a torch device; use cpu, cuda, cuda:N, mps or None")
+    return value
 
 
 def _run_name(value: str | None) -> str | None:
