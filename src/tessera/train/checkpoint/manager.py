@@ -253,9 +253,8 @@ class CheckpointManager:
         """Checkpoint folder names in the store, newest first (committed or not)."""
         return newest_first(list_checkpoints(self.store))
 
-    def latest(self, *, model: torch.nn.Module | None = None,
-                   optimizers: Sequence[torch.optim.Optimizer] = (), weights_only: bool = False,
-                   strict: bool = True) -> dict[str, Any] | None:
+    def latest(self, *, model: torch.nn.Module | None = None, optimizers: Sequence[torch.optim.Optimizer] = (),
+               weights_only: bool = False, strict: bool = True) -> dict[str, Any] | None:
         """The newest valid checkpoint's state, or None when the store has no checkpoint at all.
 
         Falls back past damaged ones with a `CheckpointWarning`; raises CheckpointCorrupt if checkpoints
