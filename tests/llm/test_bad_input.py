@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tessera.cli.main import app
 from tessera.llm.recipe import Recipe, _key_paths
+from tessera.llm.recipe_required import must_be_set_message, unset_keys
 from tessera.storage import open_store
 
 runner = CliRunner()
@@ -93,6 +94,27 @@ def test_a_missing_local_dataset_names_the_path(workdir: Path, prepped: Path, ke
 
 def test_the_first_command_a_user_types_is_one_line(workdir: Path) -> None:
     assert_one_line_error(train("tiny-cpu.yaml"), 1, "data/mds")
+
+
+@pytest.mark.parametrize(("args", "unset"), [
+    (["mpt-125m.yaml", "data.train.streams.0.remote=s3://bucket/tokens", "optimizer.lr=3e-4"],
+     ["data.eval.streams.0.remote"]),
+    (["mpt-7b.yaml"], ["data.train.streams.0.remote", "data.eval.streams.0.remote", "save_folder"]),
+    (["tiny-cpu.yaml", "tokenizer=???"], ["tokenizer"]),
+])
+def test_values_the_recipe_leaves_to_the_user_are_named_in_one_line(workdir: Path, args: list[str],
+                                                                   unset: list[str]) -> None:
+    """`???` in a recipe means "must be set": every such key is named with an override to copy, exit 2."""
+    for extra in ([], ["--print-config"]):
+        line = assert_one_line_error(train(*args, *extra), 2, *(f"{key} must be set (e.g. {key}=" for key in unset))
+        assert line.count("must be set") == len(unset)
+    assert os.listdir(workdir) == []
+
+
+def test_unset_keys_walks_sections_and_lists() -> None:
+    tree = {"a": {"b": [{"c": "???"}, {"c": "x"}], "d": " ??? "}, "e": "???x", "f": ["???"]}
+    assert unset_keys(tree) == ["a.b.0.c", "a.d", "f.0"]
+    assert "a.b.0.c must be set (e.g. a.b.0.c=VALUE)" in must_be_set_message(unset_keys(tree))
 
 
 def test_a_missing_s3_bucket_or_prefix_names_it(workdir: Path, prepped: Path, s3_bucket: str) -> None:

@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from tessera.llm.model import GPTConfig
+from tessera.llm.recipe_required import must_be_set_message, unset_keys
 from tessera.stream.config import StreamingConfig
 from tessera.train.config import TimeSetting, TrainerConfig
 from tessera.train.time import Time
@@ -342,6 +343,8 @@ def load_recipe(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recip
     tree = _read(path)
     for item in overrides:
         apply_override(tree, item)
+    if unset := unset_keys(tree):
+        raise RecipeError(f"invalid recipe: {must_be_set_message(unset)}")
     if "model" in tree and isinstance(tree["model"], dict):
         unknown = set(tree["model"]) - set(GPTConfig.__dataclass_fields__) - {"name"}
         for key in sorted(unknown):
