@@ -10,7 +10,9 @@ from tessera.cli.main import app
 from tessera.llm.recipe import TRAINER_KEYS_RENAMED, Recipe, _key_paths, load_recipe, recipe_keys
 from tessera.stream import Stream
 from tessera.stream.config import StreamConfig, StreamingConfig
-from tessera.train.config import TrainerConfig
+from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
+from tessera.train.schedule import CosineWithWarmup
+from tessera.train.time import Time
 
 
 def test_every_trainer_setting_is_a_recipe_key() -> None:
@@ -28,6 +30,16 @@ def test_the_recipe_builds_the_trainer_config_with_every_setting() -> None:
     assert cfg.parallelism == "fsdp" and cfg.save_keep_every_n == 4 and cfg.eval_subset_num_batches == 3
     assert cfg.global_batch_size == recipe.global_train_batch_size and cfg.seed == recipe.seed == 17
     assert cfg.save_folder == "./runs/tiny-cpu/checkpoints" and str(cfg.max_duration) == "300ba"
+
+
+def test_optimizer_and_scheduler_are_the_train_layers_configs() -> None:
+    assert Recipe.model_fields["optimizer"].annotation is OptimizerConfig
+    assert Recipe.model_fields["scheduler"].annotation is SchedulerConfig
+    recipe = load_recipe("tiny-cpu.yaml", ["scheduler.t_warmup=7ba"])
+    schedule = recipe.scheduler.build()
+    assert isinstance(schedule, CosineWithWarmup) and schedule.warmup == Time(7, "ba") and schedule.alpha_f == 0.1
+    with pytest.raises(ValueError, match=r"optimizer\.betas: .*each beta must be in \[0, 1\)"):
+        load_recipe("tiny-cpu.yaml", ["optimizer.betas=[1.0,0.9]"])
 
 
 def test_the_recipe_stream_spec_is_the_stream_layers_model() -> None:

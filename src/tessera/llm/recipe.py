@@ -15,7 +15,6 @@ from __future__ import annotations
 import copy
 import difflib
 import json
-import math
 import types
 from enum import Enum
 from importlib import resources
@@ -29,14 +28,13 @@ from pydantic import (
     Field,
     ValidationError,
     create_model,
-    field_validator,
     model_validator,
 )
 
 from tessera.llm.model import GPTConfig
 from tessera.llm.recipe_required import must_be_set_message, unset_keys
 from tessera.stream.config import StreamingConfig
-from tessera.train.config import TimeSetting, TrainerConfig
+from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
 from tessera.train.time import Time
 from tessera.typed_config import error_lines
 
@@ -71,13 +69,6 @@ def fields_of(source: type[BaseModel], name: str, *, base: type[BaseModel], excl
     return create_model(name, __base__=base, __doc__=source.__doc__, __module__=__name__, **fields)
 
 
-def check_non_negative(value: float) -> float:
-    """A learning rate or a factor of one: NaN, infinity or a negative number would train nothing useful."""
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"must be a finite number >= 0, got {value}")
-    return value
-
-
 class LoaderSpec(StreamingConfig):
     """A loader of the run: the stream layer's dataset options, plus how token columns decode."""
 
@@ -100,32 +91,6 @@ class DataSpec(Strict):
     eval: EvalSpec | None = None
 
 
-class OptimizerSpec(Strict):
-    name: Literal["decoupled_adamw", "adamw"] = Field("decoupled_adamw", description="decoupled_adamw: the "
-                                                      "weight decay follows the schedule, not the lr.")
-    lr: float = Field(6e-4, description="The peak learning rate.")
-    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam's moment decay rates, each in [0, 1).")
-    eps: float = Field(1e-8, description="Adam's denominator term.")
-    weight_decay: float = Field(0.0, description="Decay per step (decoupled: not scaled by lr).")
-
-    _non_negative = field_validator("lr", "eps", "weight_decay")(check_non_negative)
-
-    @field_validator("betas")
-    @classmethod
-    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
-        if not all(0.0 <= b < 1.0 for b in value):  # also false for NaN
-            raise ValueError(f"each beta must be in [0, 1) (e.g. [0.9, 0.95]), got {list(value)}")
-        return value
-
-
-class SchedulerSpec(Strict):
-    name: Literal["cosine_with_warmup", "linear_with_warmup", "constant_with_warmup"] = "cosine_with_warmup"
-    t_warmup: TimeSetting = Field("0ba", description="Warm-up length, as a time (e.g. 100ba).")
-    alpha_f: float = Field(0.1, description="The final learning rate as a fraction of lr.")
-
-    _alpha_f = field_validator("alpha_f")(check_non_negative)
-
-
 TrainingKeys = fields_of(TrainerConfig, "TrainingKeys", base=Strict, exclude=set(TRAINER_KEYS_RENAMED),
                          **RECIPE_DEFAULTS)
 
@@ -137,8 +102,8 @@ class Recipe(TrainingKeys):  # type: ignore[valid-type,misc]
                                   description="GPT shape: name (tiny, mpt-125m...) and any GPTConfig field.")
     tokenizer: str = Field("byte", description="byte, or the path of a tokenizer JSON.")
     data: DataSpec
-    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
-    scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     global_train_batch_size: int = Field(gt=0, description="Samples per step over all ranks (the Trainer's "
                                                            "global_batch_size).")
     torch_threads: int | None = Field(default=None, ge=1, description="torch's CPU threads; None: torch's.")

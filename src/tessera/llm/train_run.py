@@ -21,12 +21,8 @@ from tessera.storage import StorageError
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
 from tessera.train.distributed import current_env
-from tessera.train.optim import build_optimizer
-from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
 from tessera.train.trainer import seed_all
 
-SCHEDULES = {"cosine_with_warmup": CosineWithWarmup, "linear_with_warmup": LinearWithWarmup,
-             "constant_with_warmup": ConstantWithWarmup}
 STOPPED_EXIT_CODE = 143
 
 
@@ -90,12 +86,8 @@ def make_trainer(recipe: Recipe) -> Trainer:
             raise DataUnavailable.of("data.eval", exc) from exc
     seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
     model = build_model(recipe, tokenizer.vocab_size)
-    opt = recipe.optimizer
-    optimizer = build_optimizer(opt.name, model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                                weight_decay=opt.weight_decay)
-    sched = recipe.scheduler
-    decay = {"alpha_f": sched.alpha_f} if sched.name != "constant_with_warmup" else {}
-    schedule = SCHEDULES[sched.name](warmup=sched.t_warmup, **decay)
+    optimizer = recipe.optimizer.build(model.parameters())
+    schedule = recipe.scheduler.build()
     return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
                    run_config=run_config(recipe, model), config=recipe.trainer_config())
 

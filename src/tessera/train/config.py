@@ -3,7 +3,9 @@ with messages that say what to change.
 
 `Trainer(model, opt, train_dataloader=..., max_duration="2ep", ...)` validates its keywords by building a
 `TrainerConfig`; a recipe (llm/recipe.py) takes its training keys from the same fields. Objects (model,
-optimizers, loaders, callbacks, loss functions) are not settings and stay Trainer arguments.
+optimizers, loaders, callbacks, loss functions) are not settings and stay Trainer arguments; a run that is
+described rather than coded (a recipe) names its optimizer and schedule with `OptimizerConfig` and
+`SchedulerConfig`, which build them.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import difflib
 import math
 import os
 import re
+from collections.abc import Iterable
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -24,13 +27,20 @@ from pydantic import (
     PlainSerializer,
     ValidationError,
     ValidationInfo,
+    field_validator,
     model_validator,
 )
 
 from tessera.storage import StorageError, open_store
 from tessera.train.loggers import LOGGERS, Logger
+from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
 from tessera.train.time import Time, TimeUnit
 from tessera.typed_config import one_message, storage_url
+
+if TYPE_CHECKING:
+    import torch
+
+    from tessera.train.schedule import Schedule
 
 
 class Precision(StrEnum):
@@ -266,3 +276,61 @@ class TrainerConfig(BaseModel):
             return cls(**settings)
         except ValidationError as exc:
             raise ValueError(one_message(exc)) from None
+
+
+# --- the optimizer and the schedule a run description names ------------------------------------------------
+
+
+def _non_negative(value: float, info: ValidationInfo) -> float:
+    """A learning rate or a factor of one: NaN, infinity or a negative number would train nothing useful."""
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"{info.field_name} must be a finite number >= 0, got {value}")
+    return value
+
+
+class OptimizerConfig(BaseModel):
+    """The optimizer of a run by name, with its hyperparameters (`build` makes it)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    name: Literal["decoupled_adamw", "adamw"] = Field("decoupled_adamw", description="decoupled_adamw: the "
+                                                      "weight decay follows the schedule, not the lr.")
+    lr: Annotated[float, AfterValidator(_non_negative)] = Field(6e-4, description="The peak learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.95), description="Adam's moment decay rates, each in [0, 1).")
+    eps: Annotated[float, AfterValidator(_non_negative)] = Field(1e-8, description="Adam's denominator term.")
+    weight_decay: Annotated[float, AfterValidator(_non_negative)] = Field(
+        0.0, description="Decay per step (decoupled: not scaled by lr).")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, value: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in value):  # also false for NaN
+            raise ValueError(f"each beta must be in [0, 1) (e.g. [0.9, 0.95]), got {list(value)}")
+        return value
+
+    def build(self, params: Iterable[Any]) -> torch.optim.Optimizer:
+        from tessera.train.optim import build_optimizer  # torch: only when a run is built
+
+        return build_optimizer(self.name, params, lr=self.lr, betas=self.betas, eps=self.eps,
+                               weight_decay=self.weight_decay)
+
+
+SCHEDULES = {"cosine_with_warmup": CosineWithWarmup, "linear_with_warmup": LinearWithWarmup,
+             "constant_with_warmup": ConstantWithWarmup}
+
+
+class SchedulerConfig(BaseModel):
+    """The learning-rate schedule of a run by name (`build` makes it; the Trainer resolves it)."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True,
+                              validate_default=True)
+
+    name: Literal["cosine_with_warmup", "linear_with_warmup", "constant_with_warmup"] = Field(
+        "cosine_with_warmup", description="The shape after the warm-up.")
+    t_warmup: TimeSetting = Field("0ba", description="Warm-up length, as a time (e.g. 100ba).")
+    alpha_f: Annotated[float, AfterValidator(_non_negative)] = Field(
+        0.1, description="The final learning rate as a fraction of lr (not used by constant_with_warmup).")
+
+    def build(self) -> Schedule:
+        decay = {"alpha_f": self.alpha_f} if self.name != "constant_with_warmup" else {}
+        return SCHEDULES[self.name](warmup=self.t_warmup or "0ba", **decay)
