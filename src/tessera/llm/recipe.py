@@ -16,6 +16,7 @@ import copy
 import difflib
 import json
 import types
+from dataclasses import fields
 from enum import Enum
 from importlib import resources
 from pathlib import Path
@@ -31,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from tessera.llm.model import GPTConfig
+from tessera.llm.model import NAMED_CONFIGS, GPTConfig
 from tessera.llm.recipe_required import must_be_set_message, unset_keys
 from tessera.stream.config import StreamingConfig
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
@@ -173,16 +174,26 @@ def recipe_keys(schema: type[BaseModel] | None = None, prefix: str = "") -> list
     """(key, type, default, description) of every key, sections expanded, derived from the schema."""
     rows = []
     for name, info in (schema or Recipe).model_fields.items():
+        if schema is None and name == "model":  # a mapping that GPTConfig checks: its keys are GPTConfig's
+            rows.append(("model.name", "str", "tiny", f"A named shape ({', '.join(NAMED_CONFIGS)}) that sets "
+                                                      "the keys below; a key given overrides it."))
+            rows += [(f"model.{f.name}", str(f.type), _shown(f.default), "") for f in fields(GPTConfig)]
+            continue
         nested = _nested_models(info.annotation)
         if nested:
             index = ".N" if get_origin(info.annotation) is list else ""
             rows += recipe_keys(nested[0], f"{prefix}{name}{index}.")
             continue
-        value = None if info.is_required() else info.get_default(call_default_factory=True)
-        default = ("required" if info.is_required() else value if isinstance(value, str)
-                   else json.dumps(value, default=lambda v: getattr(v, "value", str(v))))
+        default = "required" if info.is_required() else _shown(info.get_default(call_default_factory=True))
         rows.append((f"{prefix}{name}", _type_name(info.annotation), default, info.description or ""))
     return rows
+
+
+def _shown(value: Any) -> str:
+    """A default as a recipe would write it: `10ba`, `null`, `[progress]`."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, default=lambda v: getattr(v, "value", str(v))).replace('"', "")
 
 
 def shipped_recipes() -> list[str]:
