@@ -16,6 +16,7 @@ import copy
 import difflib
 import json
 import types
+from collections.abc import Collection
 from dataclasses import fields
 from enum import Enum
 from importlib import resources
@@ -55,8 +56,8 @@ class Strict(BaseModel):
                               validate_default=True)
 
 
-def fields_of(source: type[BaseModel], name: str, *, base: type[BaseModel], exclude: set[str] | frozenset[str] = (
-        frozenset()), **defaults: Any) -> type[BaseModel]:
+def fields_of(source: type[BaseModel], name: str, *, base: type[BaseModel], exclude: Collection[str] = (),
+              **defaults: Any) -> type[BaseModel]:
     """A model on `base` with `source`'s fields (their types, checks and descriptions travel with them),
     some with other defaults: how a layer's config is reused without restating it."""
     fields: dict[str, Any] = {}
