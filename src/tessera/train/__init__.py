@@ -10,6 +10,7 @@ from typing import Any
 
 _EXPORTS = {
     "Trainer": "tessera.train.trainer", "seed_all": "tessera.train.trainer",
+    "TrainerConfig": "tessera.train.config",
     "Callback": "tessera.train.callbacks",
     "Time": "tessera.train.time", "Timestamp": "tessera.train.time", "TimeUnit": "tessera.train.time",
     "CosineWithWarmup": "tessera.train.schedule", "ConstantWithWarmup": "tessera.train.schedule",
