@@ -52,6 +52,11 @@ def test_trainer_takes_keywords_or_a_config_and_refuses_unknown_settings() -> No
     trainer.close()
 
 
+def test_paths_may_be_path_objects(tmp_path) -> None:
+    cfg = TrainerConfig(max_duration="1ba", log_dir=tmp_path / "logs", save_folder=tmp_path / "ckpt")
+    assert cfg.log_dir == str(tmp_path / "logs") and cfg.save_folder == str(tmp_path / "ckpt")
+
+
 def test_device_is_checked_without_torch_and_takes_a_torch_device() -> None:
     assert TrainerConfig(max_duration="1ba", device=torch.device("cuda", 1)).device == "cuda:1"
     with pytest.raises(ValueError, match="device 'gpu0' is not a torch device"):

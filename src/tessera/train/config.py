@@ -218,6 +218,10 @@ def _positive_or_none(none_means: str) -> AfterValidator:
 StorageURL = Annotated[str | None, BeforeValidator(storage_url)]
 
 
+def _fspath(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 class TrainerConfig(BaseModel):
     """Every setting of a training run, checked before any process group, download or upload."""
 
@@ -250,7 +254,8 @@ class TrainerConfig(BaseModel):
         None, description="Samples per step over all ranks; must be the loader's batch x world size.")
     loggers: Annotated[list[str | Logger], BeforeValidator(_loggers)] = Field(
         default_factory=lambda: ["progress"], description=f"Logger names ({', '.join(sorted(LOGGERS))}).")
-    log_dir: str = Field("logs/{run_name}", description="Where file loggers write.")
+    log_dir: Annotated[str, BeforeValidator(_fspath)] = Field("logs/{run_name}",
+                                                              description="Where file loggers write.")
     log_interval: Interval = Field("1ba", description="How often to log the training metrics.")
     device: Annotated[str | None, BeforeValidator(_device)] = Field(
         None, description="A torch device (cpu, cuda, cuda:1); None: the rank's GPU, else the CPU.")
