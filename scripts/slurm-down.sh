@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Stop the virtual cluster that scripts/slurm-up.sh started in DIR: cancel jobs, stop the daemons by
-# their pid files, kill job processes a dead node left behind, and stop munged if slurm-up.sh started it.
+# Stop the virtual cluster that scripts/slurm-up.sh started in DIR, and nothing of any other cluster on
+# this host: cancel its jobs, stop its daemons by their pid files, kill the job processes a dead node of
+# its own left behind (in the cgroups named after its nodes), and stop its own munged.
 #
 #   scripts/slurm-down.sh DIR
 set -uo pipefail
@@ -28,21 +29,31 @@ stop_pid_files() {   # SIGTERM to all at once, wait up to 3 s, then SIGKILL (slu
 }
 
 if [ -f "$SLURM_CONF" ] && [ -s "$DIR/run/slurmctld.pid" ] && kill -0 "$(cat "$DIR/run/slurmctld.pid")" 2>/dev/null; then
-  scancel --user="$(id -un)" >/dev/null 2>&1 || true
+  scancel --user="$(id -un)" >/dev/null 2>&1 || true   # this cluster's jobs: SLURM_CONF names it
   sleep 0.5
 fi
 stop_pid_files "$DIR"/run/slurmd-*.pid "$DIR/run/slurmctld.pid"
 
-# A node whose slurmd died leaves its job processes running: kill what is left in slurm's cgroups.
-for tasks in $(find /sys/fs/cgroup/freezer /sys/fs/cgroup/unified /sys/fs/cgroup -path '*slurm*' -name cgroup.procs 2>/dev/null); do
-  while read -r pid; do [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null; done <"$tasks"
-done
-for root in /sys/fs/cgroup/*/; do
-  find "$root" -depth -mindepth 1 -type d -path '*slurm*' -exec rmdir {} \; 2>/dev/null
-done
-
-if [ -e "$DIR/run/munged.ours" ]; then
-  stop_pid_files /run/munge/munged.pid
-  rm -f "$DIR/run/munged.ours"
+# A node whose slurmd died leaves its job processes running: kill what is left in this cluster's
+# nodes' cgroups (slurm_NODE in each v1 hierarchy), then remove those cgroups.
+if [ -s "$DIR/etc/nodes" ]; then
+  while read -r node; do
+    [ -n "$node" ] || continue
+    for top in /sys/fs/cgroup/*/slurm_"$node"; do
+      [ -d "$top" ] || continue
+      find "$top" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do
+        kill -KILL "$pid" 2>/dev/null
+      done
+      find "$top" -depth -type d -exec rmdir {} \; 2>/dev/null
+    done
+  done <"$DIR/etc/nodes"
 fi
+
+# This cluster's own munged (slurm.conf's AuthInfo names its socket; the pid file is beside it).
+socket=$(sed -n 's/^AuthInfo=socket=//p' "$SLURM_CONF" 2>/dev/null)
+case "$socket" in
+  /run/tessera-slurm/*/munge/munge.socket)     # only a munged that slurm-up.sh started for this cluster
+    stop_pid_files "$(dirname "$socket")/munged.pid"
+    rm -rf "$(dirname "$(dirname "$socket")")" ;;  # /run/tessera-slurm/NAME: key, socket, seed, log
+esac
 log "stopped"

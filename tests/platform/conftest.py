@@ -6,14 +6,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from platform_helpers import SlurmCluster
+from platform_helpers import SlurmCluster, free_port_block
 from trainer_helpers import STEPS, TIMEOUT, final_weights, losses, train_command, write_corpus
 
 from tessera.platform import Platform
@@ -57,27 +56,9 @@ def platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 # --- Slurm ----------------------------------------------------------------------------------------
 
 
-def _free_port_block(count: int) -> int:
-    """A port P with P..P+count free on 127.0.0.1 (slurmctld on P, slurmd i on P+i)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + count >= 60000:
-            continue
-        try:
-            for port in range(base, base + count + 1):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free block of ports for Slurm")
-
-
 @pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
-    """Three virtual nodes (n1..n3) on this host. Skipped (loudly) only when Slurm cannot be installed
+    """Three virtual nodes (NAME-n1..NAME-n3, etc/nodes) on this host. Skipped (loudly) only when Slurm cannot be installed
     here and this is not CI; in CI (CI=true) that is a failure."""
     in_ci = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -94,14 +75,14 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> SlurmCluster:
     nodes = 3
     started = time.monotonic()
     done = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-up.sh"), str(folder), str(nodes),
-                           str(_free_port_block(nodes))], capture_output=True, text=True, timeout=300)
+                           str(free_port_block(nodes))], capture_output=True, text=True, timeout=300)
     if done.returncode == 3:
         unavailable(done.stderr.strip())
     if done.returncode != 0:
         subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh"), str(folder)], capture_output=True)
         pytest.fail(f"slurm-up.sh failed ({done.returncode}):\n{done.stderr[-3000:]}")
     print(f"\nslurm-up.sh: {time.monotonic() - started:.1f} s", file=sys.stderr)
-    cluster = SlurmCluster(folder, folder / "etc" / "slurm.conf", [f"n{i}" for i in range(1, nodes + 1)])
+    cluster = SlurmCluster(folder, folder / "etc" / "slurm.conf", (folder / "etc" / "nodes").read_text().split())
     yield cluster
     subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh"), str(folder)], capture_output=True)
 

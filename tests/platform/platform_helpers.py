@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -16,6 +17,24 @@ from tessera.platform import Platform
 FAKE_TRAINER = Path(__file__).with_name("fake_trainer.py")
 # sitecustomize.py there injects faults into the processes that have this folder on their PYTHONPATH
 FAULT_PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+
+
+def free_port_block(count: int) -> int:
+    """A port P with P..P+count free on 127.0.0.1 (slurmctld on P, slurmd i on P+i)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + count >= 60000:
+            continue
+        try:
+            for port in range(base, base + count + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free block of ports for Slurm")
 
 
 def trainer_command(state: Path, *extra: str) -> str:

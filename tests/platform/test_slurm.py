@@ -1,4 +1,4 @@
-"""The Slurm backend against a real slurmctld and three slurmd (virtual nodes n1..n3 on this host)."""
+"""The Slurm backend against a real slurmctld and three slurmd (three virtual nodes on this host)."""
 
 from __future__ import annotations
 
