@@ -123,10 +123,6 @@ class Injection:
     env: dict[str, str] = field(default_factory=dict)
     files: list[tuple[Path, str, str]] = field(default_factory=list)
 
-    def all_env(self) -> dict[str, str]:
-        """Env vars including those that point at the stored files (local and Slurm clusters)."""
-        return {**self.env, **{var: str(path) for path, _, var in self.files}}
-
 
 class Redactor:
     """Replaces every known secret value in a text with ****."""

@@ -330,7 +330,3 @@ class StateDB:
         with self.write() as c:
             c.execute("INSERT OR REPLACE INTO supervisor (id, pid, started, beat) VALUES (1, ?, ?, ?)",
                       (pid, started, time.time()))
-
-    def supervisor_info(self) -> dict[str, Any] | None:
-        row = self.conn.execute("SELECT pid, started, beat FROM supervisor WHERE id = 1").fetchone()
-        return dict(row) if row else None
