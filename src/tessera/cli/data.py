@@ -170,6 +170,8 @@ def repair(url: str, split: str = typer.Option(None), overwrite: bool = typer.Op
     except InterruptedWrite as exc:
         _interrupted(exc.url, exc.found)
         raise typer.Exit(1) from None
+    except DatasetExists as exc:
+        fail(exc.for_cli())
     except ERRORS as exc:
         fail(exc)
     for name, why in report.skipped:

@@ -146,9 +146,10 @@ class DatasetExists(ShardError, FileExistsError):
     """The writer's output already holds a dataset (or an interrupted write) and no mode says what to do."""
 
     def for_cli(self) -> str:
-        """The message with the writer's `mode='append'` spelled as `tessera data convert`'s `--mode append`
-        (the message alone must rebuild the error, so the CLI spelling is derived from it, not stored)."""
-        return re.sub(r"mode='(\w+)'", r"--mode \1", str(self))
+        """The message with the Python spelling of an option (`mode='append'`, `overwrite=True`) replaced by
+        `tessera data`'s (`--mode append`, `--overwrite`); the message alone must rebuild the error, so the
+        CLI spelling is derived from it, not stored."""
+        return re.sub(r"mode='(\w+)'", r"--mode \1", str(self)).replace("overwrite=True", "--overwrite")
 
 
 class WriterError(ShardError, RuntimeError):
