@@ -61,3 +61,22 @@ def test_debug_is_an_option_of_the_root_command(tmp_path: Path, monkeypatch: pyt
         assert not isinstance(result.exception, SystemExit), args
     again = runner.invoke(app, ["storage", "ls", "s3:/bucket/x"])  # the root flag does not stick
     assert isinstance(again.exception, SystemExit) or again.exception is None
+
+
+def test_prep_into_an_existing_dataset_suggests_its_only_option(tmp_path: Path) -> None:
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("hello world " * 200)
+    args = ["llm", "prep", str(tmp_path / "texts"), str(tmp_path / "tokens"), "--tokenizer", "byte",
+            "--seq-len", "16"]
+    assert runner.invoke(app, args).exit_code == 0
+    (line,) = error_lines(runner.invoke(app, args))
+    assert line.endswith("pass --overwrite to replace it") and "mode" not in line
+    assert runner.invoke(app, [*args, "--overwrite"]).exit_code == 0
+
+
+def test_repair_of_a_sound_index_suggests_the_cli_flag(tmp_path: Path) -> None:
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"text": "a"}\n')
+    assert runner.invoke(app, ["data", "convert", str(src), str(tmp_path / "ds")]).exit_code == 0
+    (line,) = error_lines(runner.invoke(app, ["data", "repair", str(tmp_path / "ds")]))
+    assert "--overwrite" in line and "overwrite=True" not in line

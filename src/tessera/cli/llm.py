@@ -15,6 +15,7 @@ from rich.table import Table
 
 from tessera.cli.console import err, fail, out
 from tessera.shards import ShardError
+from tessera.shards.errors import DatasetExists
 from tessera.shards.sources import SourceError
 from tessera.storage import StorageError
 
@@ -86,6 +87,8 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
                                val_fraction=val_fraction, workers=workers, compression=compression,
                                size_limit=size_limit, mode="overwrite" if overwrite else "create",
                                progress=progress)
+    except DatasetExists as exc:
+        fail(exc.for_overwrite_only())
     except ERRORS as exc:
         fail(exc)
     if as_json:

@@ -151,6 +151,10 @@ class DatasetExists(ShardError, FileExistsError):
         CLI spelling is derived from it, not stored."""
         return re.sub(r"mode='(\w+)'", r"--mode \1", str(self)).replace("overwrite=True", "--overwrite")
 
+    def for_overwrite_only(self) -> str:
+        """For a command whose only choice is `--overwrite` (`tessera llm prep`): what is there, and that flag."""
+        return str(self).split("; pass ", 1)[0] + "; pass --overwrite to replace it"
+
 
 class WriterError(ShardError, RuntimeError):
     """The writer failed (for example a background upload failed); nothing new was committed."""
