@@ -3,15 +3,11 @@ loss series, and the kill/resume point marked where the run resumed."""
 
 from __future__ import annotations
 
-import sys
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
-from loss_plot import loss_svg, nice_ticks  # noqa: E402
+from loss_plot import loss_svg, nice_ticks
 
 NS = "{http://www.w3.org/2000/svg}"
 
