@@ -17,7 +17,7 @@ import torch
 
 from tessera.train.checkpoint.layout import DCP_DIR, META, MODEL, TRAIN_STATE
 from tessera.train.checkpoint.rng import derive_rng_state
-from tessera.train.checkpoint.state import unwrap_model
+from tessera.train.checkpoint.state import model_state, unwrap_model
 
 # DCP warns on every single-process save/load; single-process use is intended here (one rank, or a
 # full load without a process group). `catch_warnings` is not thread-safe, so filter the message once.
@@ -78,10 +78,10 @@ def dcp_load_full(folder: Path) -> dict[str, Any]:
 def sharded_template(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer],
                      weights_only: bool) -> dict[str, Any]:
     """The state dicts DCP loads into: the current model's (and optimizers') own layout."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     inner = unwrap_model(model)
-    template: dict[str, Any] = {"model": get_model_state_dict(inner)}
+    template: dict[str, Any] = {"model": model_state(inner, sharded=True)}  # trainable-only if some are frozen
     if not weights_only:
         template["optimizers"] = [get_optimizer_state_dict(inner, opt) for opt in optimizers]
     return template

@@ -11,6 +11,12 @@ unwrapped, so a checkpoint from 4 DDP ranks loads into a bare model). Sharded st
 `get_model_state_dict` / `get_optimizer_state_dict` forms (DTensor shards, optimizer state keyed by
 parameter name), which DCP reshards to any world size on load. `stage_to_host` is the copy a save
 takes before it returns, so the loop may change the live tensors while the save is written.
+
+Trainable-only: when some parameters are frozen (LoRA: the base model's weights), "model" holds only the
+parameters that train, and the optimizers hold state for those alone, so a LoRA checkpoint is the size
+of its adapters. The frozen weights are not lost: the run rebuilds them the way it built them the first
+time (from the pretrained folder, or from the seed), and `apply_state` then loads the saved part and
+checks that every trainable parameter was in it.
 """
 
 from __future__ import annotations
@@ -54,6 +60,42 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule) or any(has_dtensor(p) for p in model.parameters())
 
 
+def has_frozen_parameters(model: torch.nn.Module) -> bool:
+    """Whether some parameters do not train (requires_grad False): then checkpoints are trainable-only."""
+    return any(not p.requires_grad for p in unwrap_model(model).parameters())
+
+
+def trainable_names(model: torch.nn.Module) -> set[str]:
+    return {name for name, p in unwrap_model(model).named_parameters() if p.requires_grad}
+
+
+def model_state(model: torch.nn.Module, sharded: bool) -> dict[str, Any]:
+    """The model's part of a checkpoint: every entry, or only the trainable parameters if some are frozen."""
+    inner = unwrap_model(model)
+    frozen = has_frozen_parameters(inner)
+    if sharded:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(inner, options=StateDictOptions(ignore_frozen_params=frozen))
+    state = inner.state_dict()
+    if not frozen:
+        return state
+    keep = trainable_names(inner)
+    return OrderedDict((key, value) for key, value in state.items() if key in keep)
+
+
+def check_trainable_state(model: torch.nn.Module, saved: dict[str, Any]) -> None:
+    """A trainable-only state must hold every trainable parameter of `model`, and nothing it lacks."""
+    inner = unwrap_model(model)
+    missing = sorted(trainable_names(inner) - set(saved))
+    unexpected = sorted(set(saved) - set(inner.state_dict()))
+    if missing or unexpected:
+        raise ValueError("the checkpoint does not match the model's trainable parameters: "
+                         + (f"missing {missing[:5]}" if missing else "") + (" " if missing and unexpected else "")
+                         + (f"unexpected {unexpected[:5]}" if unexpected else "")
+                         + " (was it saved with other LoRA settings or another model?)")
+
+
 def capture_state(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer] = (),
                   schedulers: Sequence[Any] = (), scaler: Any = None, *, timestamp: Timestamp,
                   dataloader: Any = None, config: dict[str, Any] | None = None,
@@ -66,15 +108,13 @@ def capture_state(model: torch.nn.Module, optimizers: Sequence[torch.optim.Optim
     sharded = is_sharded_model(model) if sharded is None else sharded
     optimizers = list(optimizers)
     if sharded:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         inner = unwrap_model(model)
-        model_state = get_model_state_dict(inner)
         optim_states = [get_optimizer_state_dict(inner, opt) for opt in optimizers]
     else:
-        model_state = unwrap_model(model).state_dict()
         optim_states = [opt.state_dict() for opt in optimizers]
-    return {"model": model_state, "optimizers": optim_states,
+    return {"model": model_state(model, sharded), "optimizers": optim_states,
             "schedulers": [s.state_dict() for s in schedulers],
             "scaler": scaler.state_dict() if scaler is not None else None,
             "timestamp": timestamp.state_dict(), "rng": capture_rng_state(), "dataloader": dataloader,
@@ -93,14 +133,17 @@ def apply_state(state: dict[str, Any], model: torch.nn.Module | None = None,
     sharded = bool(state.get("sharded"))
     if model is not None and "model" in state:
         inner = unwrap_model(model)
+        partial = has_frozen_parameters(inner) and set(state["model"]) != set(inner.state_dict())
+        if partial and strict:
+            check_trainable_state(inner, state["model"])
         if sharded or is_sharded_model(inner):
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
             full = not has_dtensor(state["model"])
             set_model_state_dict(inner, state["model"],
-                                 options=StateDictOptions(strict=strict, full_state_dict=full))
+                                 options=StateDictOptions(strict=strict and not partial, full_state_dict=full))
         else:
-            inner.load_state_dict(state["model"], strict=strict)
+            inner.load_state_dict(state["model"], strict=strict and not partial)
     for opt, opt_state in _pairs(optimizers, state.get("optimizers"), "optimizer"):
         if sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict

@@ -1,0 +1,78 @@
+"""A transformers causal LM behind the trainer's contract, the same one Tessera's GPT keeps (llm/model.py):
+
+    model = HFCausalLM(AutoModelForCausalLM.from_pretrained(folder, local_files_only=True))
+    loss = model({"tokens": tokens})          # [B, L]: positions 0..L-2 predict tokens 1..L-1
+    loss = model({"tokens": t, "labels": l})  # labels aligned with tokens; -100 is ignored
+    logits = model(input_ids)                 # [B, T] -> [B, T, vocab]
+
+Optional `position_ids` and `attention_mask` (aligned with tokens, as the data side packs them) go to the
+model for the L-1 input positions. The wrapped model is `.hf`, so checkpoint keys are `hf.<its keys>`.
+The adapter says what its blocks are (`blocks()`, the classes transformers lists in `_no_split_modules`)
+so the train layer can shard them, and never applies parallelism itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+IGNORE_INDEX = -100
+OPTIONAL_INPUTS = ("position_ids", "attention_mask")
+
+
+class HFCausalLM(nn.Module):
+    """`model(batch) -> loss` around a transformers `*ForCausalLM` (or the same model with LoRA layers)."""
+
+    def __init__(self, hf: nn.Module, max_seq_len: int | None = None) -> None:
+        super().__init__()
+        self.hf = hf
+        config = hf.config
+        self.max_seq_len = max_seq_len or min(getattr(config, "max_position_embeddings", 2048) or 2048, 4096)
+
+    @property
+    def config(self) -> Any:
+        """The transformers config of the wrapped model."""
+        return self.hf.config
+
+    def forward(self, input_ids: torch.Tensor | dict[str, torch.Tensor], **inputs: Any) -> torch.Tensor:
+        """Logits [B, T, vocab]; or the mean next-token cross-entropy of a batch dict."""
+        if isinstance(input_ids, dict):
+            return self.loss(input_ids)
+        return self.hf(input_ids=input_ids, use_cache=False, **inputs).logits
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        tokens = batch["tokens"].long()
+        labels = batch.get("labels")
+        targets = (tokens if labels is None else labels.long())[:, 1:]
+        inputs = {key: batch[key][:, :-1] for key in OPTIONAL_INPUTS if batch.get(key) is not None}
+        logits = self(tokens[:, :-1], **inputs)
+        # Summed and divided by at least 1, so a microbatch whose labels are all masked (a long prompt
+        # cut before its answer) adds nothing rather than a NaN.
+        total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                                ignore_index=IGNORE_INDEX, reduction="sum")
+        return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+    def blocks(self) -> list[nn.Module]:
+        """The decoder layers: modules of the classes transformers says must not be split."""
+        return hf_blocks(self.hf)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def flops_per_token(self, seq_len: int | None = None) -> int:
+        """Training FLOPs per token, 6N + 12 * layers * hidden * seq_len, as GPT.flops_per_token."""
+        config = self.hf.config
+        layers = getattr(config, "num_hidden_layers", 0) or 0
+        hidden = getattr(config, "hidden_size", 0) or 0
+        return 6 * self.num_params() + 12 * layers * hidden * (seq_len or self.max_seq_len)
+
+
+def hf_blocks(model: nn.Module) -> list[nn.Module]:
+    """Modules whose class a transformers model names in `_no_split_modules` (its decoder layers)."""
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]

@@ -1,0 +1,68 @@
+"""A Hugging Face model folder in a bucket, downloaded once per node into a local cache.
+
+    folder = local_model_folder("s3://bucket/models/llama-3-8b")   # a local Path; local paths pass through
+
+transformers reads models from local files only (Tessera never asks a model hub), so a remote folder is
+copied whole to `<cache>/<name>-<fingerprint>/` first. The fingerprint hashes the URL and every object's
+key, size and ETag, so a changed upload gets a new folder and an unchanged one is never fetched twice.
+The local ranks of a node share the copy: the first to take the folder's lock downloads into a
+temporary folder and renames it into place (atomic), the others wait on the lock and find it done.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from tessera.storage import download_from, open_store
+from tessera.stream.cache import flocked
+
+CACHE_ENV = "TESSERA_MODEL_CACHE"
+
+
+def is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "tessera" / "models")
+
+
+def local_model_folder(url: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """`url` itself if it is a local folder, else its cached local copy (downloaded if not there yet)."""
+    url = os.fspath(url)
+    if not is_remote(url):
+        folder = Path(url.removeprefix("file://")).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{url}: no such model folder (model.pretrained)")
+        return folder
+    store = open_store(url)
+    objects = sorted(store.list(""), key=lambda o: o.key)
+    if not objects:
+        raise FileNotFoundError(f"{url}: no files there (model.pretrained)")
+    digest = hashlib.sha256(url.encode())
+    for obj in objects:
+        digest.update(f"\n{obj.key}\t{obj.size}\t{obj.etag or ''}".encode())
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1]) or "model"
+    root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    target = root / f"{name}-{digest.hexdigest()[:16]}"
+    if target.is_dir():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    with flocked(root / f".{target.name}.lock", fcntl.LOCK_EX):
+        if target.is_dir():  # another local rank finished it while this one waited
+            return target
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=root))
+        try:
+            for obj in objects:
+                download_from(store, obj.key, partial / obj.key, size=obj.size)
+            os.rename(partial, target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+    return target

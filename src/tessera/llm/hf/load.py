@@ -1,0 +1,86 @@
+"""Load a Hugging Face model folder (local or s3://) as a trainer-ready model, with its tokenizer.
+
+    model, tokenizer = load_hf(PretrainedSpec(pretrained="s3://bucket/models/llama"), lora=LoraSpec())
+
+transformers reads local files only (`local_files_only=True`): a remote folder is first copied to the
+node's cache (hf/cache.py). With a `lora` spec the base weights are frozen and LoRA layers are added
+(hf/lora.py); `quantize_base: 4bit` loads the base in NF4 through bitsandbytes, on CUDA only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tessera.llm.hf.adapter import HFCausalLM
+from tessera.llm.hf.cache import local_model_folder
+from tessera.llm.hf.config import LoraSpec, PretrainedSpec
+from tessera.llm.hf.lora import add_lora
+
+
+class QuantizationUnavailable(RuntimeError):
+    """QLoRA was asked for where it cannot run (no CUDA GPU, or bitsandbytes missing)."""
+
+
+def quantization_config(lora: LoraSpec | None) -> Any:
+    """transformers' BitsAndBytesConfig for `lora.quantize_base`, None without it; a one-line error on CPU."""
+    if lora is None or lora.quantize_base is None:
+        return None
+    if not torch.cuda.is_available():
+        raise QuantizationUnavailable("lora.quantize_base: 4bit (QLoRA) needs a CUDA GPU and bitsandbytes; "
+                                      "this machine has no GPU: remove the key to train LoRA on full weights")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        raise QuantizationUnavailable("lora.quantize_base: 4bit (QLoRA) needs bitsandbytes: "
+                                      "pip install bitsandbytes") from None
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def dtype_keyword() -> str:
+    """transformers 4.56 renamed `torch_dtype` to `dtype` (and warns on the old name)."""
+    import transformers
+
+    major, minor = (int(part) for part in transformers.__version__.split(".")[:2])
+    return "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
+
+
+def load_hf_model(folder: str | Path, dtype: str = "float32", attn_implementation: str | None = "sdpa",
+                  quantization: Any = None) -> Any:
+    """A transformers causal LM from a local folder, never from a hub."""
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"local_files_only": True, dtype_keyword(): getattr(torch, dtype)}
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
+    return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+
+
+def load_hf_tokenizer(folder: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausalLM, Any]:
+    """The recipe's pretrained model as an `HFCausalLM` (LoRA added when `lora` is given) and its tokenizer."""
+    quantization = quantization_config(lora)  # fails before any download on a machine that cannot run it
+    folder = local_model_folder(spec.pretrained, spec.cache_dir)
+    hf = load_hf_model(folder, spec.dtype, spec.attn_implementation, quantization)
+    if quantization is not None:
+        import peft
+
+        hf = peft.prepare_model_for_kbit_training(hf, use_gradient_checkpointing=spec.gradient_checkpointing)
+    elif spec.gradient_checkpointing:
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = HFCausalLM(hf, spec.max_seq_len)
+    if lora is not None:
+        add_lora(model, lora)
+    return model, load_hf_tokenizer(folder)
