@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from tessera.stream.plan import EpochPlan
+
+from tessera.stream.batching.epoch_plan import EpochPlan
 
 
 @dataclass(frozen=True)
