@@ -598,8 +598,9 @@ def section_memory_workers(env: Env, data: dict[str, Any], args: argparse.Namesp
 def child_plan(kind: str, samples: int, per_shard: int) -> dict[str, Any]:
     sizes = np.full(samples // per_shard, per_shard, dtype=np.int64)
     if kind == "tessera":
-        from tessera.stream.mixing import StreamShards
-        from tessera.stream.plan import PlanConfig, RunPlan
+        from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+        from tessera.stream.batching.mixing import StreamShards
+        from tessera.stream.batching.random_batches import BatchSchedule
     else:
         W.mosaic()
         from streaming.base.partition import get_partitions
@@ -612,9 +613,9 @@ def child_plan(kind: str, samples: int, per_shard: int) -> dict[str, Any]:
     if kind == "tessera":
         run_plan = RunPlan([StreamShards(sizes)], PlanConfig(seed=9176, num_lanes=64, shuffle=True))
         epoch = run_plan.epoch(0)
-        first = epoch.schedule(BATCH * 8).global_batch(0)  # a global batch of 8 ranks x 64
+        first = BatchSchedule(epoch, BATCH * 8).global_batch(0)  # a global batch of 8 ranks x 64
         t_first = time.perf_counter() - t0
-        mid = epoch.schedule(BATCH * 8, start=len(epoch) // 2 // (BATCH * 8) * (BATCH * 8)).global_batch(0)
+        mid = BatchSchedule(epoch, BATCH * 8, start=len(epoch) // 2 // (BATCH * 8) * (BATCH * 8)).global_batch(0)
         extra = {"plan_nbytes_mb": epoch.nbytes / 1e6, "first_batch_s": t_first, "resume_batch_ok": mid.size > 0,
                  "first_ids": first[:3].tolist()}
     else:

@@ -39,9 +39,9 @@ def clear_world_env(monkeypatch) -> None:
 def three_stream_plans(shuffle: bool = True, seed: int = 3):
     """Plans of a three-stream mix: stream 0 whole (every sample once), stream 1 repeated 1.5x,
     stream 2 a choose-subset."""
-    from tessera.stream.batching import StreamPlans
-    from tessera.stream.mixing import StreamShards
-    from tessera.stream.plan import PlanConfig, RunPlan
+    from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+    from tessera.stream.batching.mixing import StreamShards
+    from tessera.stream.batching.stream_batches import StreamPlans
 
     streams = [StreamShards([30, 25, 40, 10]), StreamShards([20, 20, 15], repeat=1.5),
                StreamShards([50, 7], choose=44)]

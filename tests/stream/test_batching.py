@@ -1,4 +1,4 @@
-"""batching_method="stratified" and "per_stream" (tessera.stream.batching): plan-level properties, plus
+"""batching_method="stratified" and "per_stream" (tessera.stream.batching.stream_batches): plan-level properties, plus
 real StreamingDataset / StreamingDataLoader iterations in this process (0 and 2 DataLoader workers)."""
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from pathlib import Path
 import helpers
 import numpy as np
 import pytest
-from tessera.stream.mixing import StreamShards
-from tessera.stream.plan import PlanConfig, RunPlan
-from tessera.stream.schedule import DeviceLayout
 
 from tessera.stream import PlanStateMismatch, Stream, StreamingDataLoader, StreamingDataset
-from tessera.stream.batching import StreamPlans, stratified_counts
+from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+from tessera.stream.batching.layout import DeviceLayout
+from tessera.stream.batching.methods import stream_schedule
+from tessera.stream.batching.mixing import StreamShards
+from tessera.stream.batching.stream_batches import StreamPlans, stratified_counts
 
 G = 12
 LAYOUTS = [(1, None), (2, None), (2, 1), (4, 2), (4, 1)]  # (world size, ranks per node)
@@ -58,7 +59,7 @@ def test_stratified_counts_are_largest_remainder_and_at_least_one() -> None:
 def test_stratified_batches_hold_fixed_counts_and_cover_each_stream(shuffle: bool) -> None:
     plans = run_plans(shuffle)
     for epoch in (0, 1):
-        sched = plans.schedule("stratified", epoch, G)
+        sched = stream_schedule(plans, "stratified", epoch, G)
         g = sched.counts
         assert g.sum() == G and (g >= 1).all()
         assert sched.total_batches == min(n // c for n, c in zip(sched.lengths, g, strict=True))  # as MosaicML
@@ -82,7 +83,7 @@ def test_stratified_batches_hold_fixed_counts_and_cover_each_stream(shuffle: boo
 
 
 def test_stratified_global_batches_are_the_same_set_for_every_layout() -> None:
-    sched = run_plans().schedule("stratified", 0, G)
+    sched = stream_schedule(run_plans(), "stratified", 0, G)
     ref = [union(sched, t, 1, None) for t in range(sched.num_batches)]
     for world, per_node in LAYOUTS[1:]:
         assert [union(sched, t, world, per_node) for t in range(sched.num_batches)] == ref
@@ -95,7 +96,7 @@ def test_stratified_global_batches_are_the_same_set_for_every_layout() -> None:
 
 def test_per_stream_batches_come_from_one_stream_in_proportion() -> None:
     plans = run_plans()
-    sched = plans.schedule("per_stream", 0, G)
+    sched = stream_schedule(plans, "per_stream", 0, G)
     assert sched.stream_batches == [int(n) // G for n in sched.lengths]  # whole batches only, as MosaicML
     order = []
     for t in range(sched.num_batches):
@@ -119,7 +120,7 @@ def test_per_stream_batches_come_from_one_stream_in_proportion() -> None:
 
 
 def test_per_stream_same_set_for_every_layout_and_jumps_without_walking() -> None:
-    sched = run_plans().schedule("per_stream", 1, G)
+    sched = stream_schedule(run_plans(), "per_stream", 1, G)
     ref = [union(sched, t, 1, None) for t in range(sched.num_batches)]
     walk = list(sched.merged(0))
     assert walk == [sched.locate(t) for t in range(sched.total_batches)]
@@ -134,7 +135,7 @@ def test_per_stream_same_set_for_every_layout_and_jumps_without_walking() -> Non
 def test_per_stream_locate_is_fast_deep_in_a_long_epoch() -> None:
     streams = [StreamShards(np.full(100, 10_000), proportion=p) for p in (0.5, 0.3, 0.15, 0.05)]
     plans = StreamPlans(RunPlan(streams, PlanConfig(seed=1, num_lanes=8, shuffle=True, epoch_size=10**9)))
-    sched = plans.schedule("per_stream", 0, 8)
+    sched = stream_schedule(plans, "per_stream", 0, 8)
     t = sched.total_batches - 12_345
     s, k = sched.locate(t)
     assert sum(sched._before(s, k)) == t
@@ -164,7 +165,7 @@ def to_ids(index: np.ndarray) -> list[int]:
 
 
 def plan_batches(ds: StreamingDataset, start: int = 0) -> list[list[int]]:
-    sched = ds._batched(ds._epoch, G, start)
+    sched = ds._batching.schedule(ds._run, ds._epoch, G, start)
     return [to_ids(sched.global_batch(t)) for t in range(sched.num_batches)]
 
 
@@ -184,7 +185,7 @@ def test_dataset_serves_the_planned_global_batches(data: Path, method: str, work
     assert got == ref
     assert len(ds) == len(ref) * G
     if method == "stratified":
-        g = ds._batched(0, G).counts.tolist()
+        g = ds._batching.schedule(ds._run, 0, G).counts.tolist()
         assert all([sum(i < B_BASE for i in b), sum(i >= B_BASE for i in b)] == g for b in got)
     else:
         assert all(len({i >= B_BASE for i in b}) == 1 for b in got)

@@ -15,13 +15,14 @@ from pathlib import Path
 import helpers
 import numpy as np
 import pytest
-from tessera.stream.device_per_stream import CHUNK, DevicePerStreamSchedule
-from tessera.stream.mixing import StreamShards
-from tessera.stream.plan import PlanConfig, RunPlan
-from tessera.stream.schedule import DeviceLayout
 
 from tessera.stream import PlanStateMismatch, Stream, StreamingDataLoader, StreamingDataset
-from tessera.stream.batching import StreamPlans
+from tessera.stream.batching.device_per_stream import CHUNK, DevicePerStreamSchedule
+from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+from tessera.stream.batching.layout import DeviceLayout
+from tessera.stream.batching.methods import stream_schedule
+from tessera.stream.batching.mixing import StreamShards
+from tessera.stream.batching.stream_batches import StreamPlans
 
 B = 4  # device batch size of the plan-level tests
 
@@ -31,7 +32,7 @@ def run_plans(shuffle: bool = True, seed: int = 3) -> StreamPlans:
 
 
 def schedule(plans: StreamPlans, world: int, start: int = 0, epoch: int = 0) -> DevicePerStreamSchedule:
-    sched = plans.schedule("device_per_stream", epoch, B * world, start, B)
+    sched = stream_schedule(plans, "device_per_stream", epoch, B * world, start, B)
     assert isinstance(sched, DevicePerStreamSchedule)
     return sched
 
@@ -120,7 +121,7 @@ def test_resume_at_any_device_batch_on_any_world_size_continues_the_sequence(sta
 def test_streams_are_spread_over_the_epoch_and_not_pinned_to_ranks() -> None:
     streams = [StreamShards([4000] * 10), StreamShards([4000] * 5)]
     plans = StreamPlans(RunPlan(streams, PlanConfig(seed=1, num_lanes=8, shuffle=True)))
-    sched = plans.schedule("device_per_stream", 0, 2 * 16, 0, 16)
+    sched = stream_schedule(plans, "device_per_stream", 0, 2 * 16, 0, 16)
     assert isinstance(sched, DevicePerStreamSchedule)
     N = sched.num_device_batches
     stream, _ = sched.device_batches(np.arange(N))
@@ -130,7 +131,7 @@ def test_streams_are_spread_over_the_epoch_and_not_pinned_to_ranks() -> None:
     for rank in (0, 1):  # both ranks get both streams, in roughly the streams' proportion
         mine = stream[rank::2]
         assert 0.55 < np.count_nonzero(mine == 0) / mine.size < 0.78
-    deep = plans.schedule("device_per_stream", 0, 2 * 16, (N - 3) * 16, 16)  # no walk to get there
+    deep = stream_schedule(plans, "device_per_stream", 0, 2 * 16, (N - 3) * 16, 16)  # no walk to get there
     assert deep.num_batches == 2
     assert deep.samples_for(0, 1, 2).tolist() == sched.samples_for((N - 3 + 1) // 2, 0, 2).tolist()
 
@@ -138,9 +139,9 @@ def test_streams_are_spread_over_the_epoch_and_not_pinned_to_ranks() -> None:
 def test_stream_too_small_for_a_device_batch_is_an_error() -> None:
     plans = StreamPlans(RunPlan([StreamShards([40, 40]), StreamShards([3])], PlanConfig(num_lanes=1)))
     with pytest.raises(ValueError, match="fewer than one device batch"):
-        plans.schedule("device_per_stream", 0, 8, 0, 4)
+        stream_schedule(plans, "device_per_stream", 0, 8, 0, 4)
     with pytest.raises(ValueError, match="device batch size"):
-        plans.schedule("device_per_stream", 0, 8, 0)
+        stream_schedule(plans, "device_per_stream", 0, 8, 0)
 
 
 # --- through StreamingDataset ----------------------------------------------------------------------------
@@ -178,7 +179,8 @@ def to_ids(index: np.ndarray) -> list[int]:
 
 
 def planned_sequence(data: Path, world: int, start: int = 0) -> list[list[int]]:
-    sched = make(data)._batched(0, DB * world, start)
+    ds = make(data)
+    sched = ds._batching.schedule(ds._run, 0, DB * world, start)
     return [to_ids(sched.samples_for(t, r, world)) for t in range(sched.num_batches) for r in range(world)]
 
 

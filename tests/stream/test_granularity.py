@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from tessera.shards import ShardWriter
 from tessera.stream import Stream, StreamingDataset
-from tessera.stream.mixing import StreamShards, check_granularity, split_count, split_granules
-from tessera.stream.plan import PlanConfig, RunPlan
+from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+from tessera.stream.batching.mixing import StreamShards, check_granularity, split_count, split_granules
 from tessera.stream.shuffle import philox
 
 FAST = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

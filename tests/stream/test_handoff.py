@@ -24,7 +24,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tessera.stream.schedule import DeviceLayout, WorkerBatches, group_sizes
 
 from tessera.shards.reader import ShardReader
 from tessera.storage import NotFound
@@ -34,6 +33,7 @@ from tessera.stream import (
     StreamingDataset,
     forksafe,
 )
+from tessera.stream.batching.layout import DeviceLayout, WorkerBatches, group_sizes
 from tessera.stream.forksafe import call_outside_runtime
 from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather
 

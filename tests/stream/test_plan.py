@@ -1,4 +1,5 @@
-"""Property tests of the pure epoch plan (tessera.stream.plan / schedule / mixing / shuffle)."""
+"""Property tests of the pure epoch plan (tessera.stream.batching: epoch_plan, layout, random_batches, mixing;
+tessera.stream.shuffle)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from shuffle_quality import sequence_quality, shuffle_quality
-from tessera.stream.mixing import StreamShards, resolve_choose, split_count
-from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
-from tessera.stream.schedule import DeviceLayout, rank_positions
 
+from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+from tessera.stream.batching.layout import DeviceLayout, rank_positions
+from tessera.stream.batching.mixing import StreamShards, resolve_choose, split_count
+from tessera.stream.batching.random_batches import BatchSchedule
+from tessera.stream.batching.resume_state import PlanState, PlanStateMismatch, plan_state, resume_plan
 from tessera.stream.shuffle import feistel_permute
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -198,7 +201,7 @@ def test_unshuffled_order_reads_shards_in_order_within_lanes():
 
 def check_layouts(plan, global_batch: int, start: int) -> None:
     s = materialise(plan)
-    sched = plan.schedule(global_batch, start)
+    sched = BatchSchedule(plan, global_batch, start)
     whole = np.concatenate([sched.global_batch(t) for t in range(sched.num_batches)] or [np.array([], int)])
     np.testing.assert_array_equal(whole, s[start:])
     for world, per_node in layouts(global_batch):
@@ -262,7 +265,7 @@ def test_rank_split_by_lane_when_nodes_divide_lanes_else_contiguous():
 def test_node_counts_that_do_not_divide_lanes():
     plan = RunPlan([StreamShards([9] * 7)], PlanConfig(seed=2, num_lanes=3, shuffle=True, shuffle_block_size=5)).epoch(1)
     check_layouts(plan, 8, 0)
-    sched = plan.schedule(24)
+    sched = BatchSchedule(plan, 24)
     for world, per_node in [(8, 1), (6, 3), (6, 1), (12, 2)]:  # nodes 8, 2, 6, 6 against 3 lanes
         for t in range(sched.num_batches):
             parts = [sched.positions_for(t, r, world, per_node) for r in range(world)]
@@ -276,13 +279,13 @@ def test_node_counts_that_do_not_divide_lanes():
 def test_resume_on_another_layout_continues_exactly(plan, data):
     s = materialise(plan)
     g1 = data.draw(st.sampled_from([2, 4, 8]))
-    done = data.draw(st.integers(0, plan.schedule(g1).num_batches))
-    state = plan.state(plan.schedule(g1).samples_consumed(done))
+    done = data.draw(st.integers(0, BatchSchedule(plan, g1).num_batches))
+    state = plan_state(plan, BatchSchedule(plan, g1).samples_consumed(done))
     state = PlanState.from_dict(state.to_dict())
-    before = np.concatenate([plan.schedule(g1).global_batch(t) for t in range(done)] or [np.array([], int)])
-    resumed = plan.run.resume(state)
+    before = np.concatenate([BatchSchedule(plan, g1).global_batch(t) for t in range(done)] or [np.array([], int)])
+    resumed = resume_plan(plan.run, state)
     g2, world = data.draw(st.sampled_from([(4, 4), (8, 2), (2, 1), (6, 2)]))
-    sched = resumed.schedule(g2, start=state.samples_consumed)
+    sched = BatchSchedule(resumed, g2, start=state.samples_consumed)
     after = []
     for t in range(sched.num_batches):
         after += [sched.samples_for(t, r, world) for r in range(world)]
@@ -295,19 +298,19 @@ def test_resume_on_another_layout_continues_exactly(plan, data):
 def test_resume_state_of_other_settings_is_refused():
     streams = [StreamShards([10] * 5)]
     run = RunPlan(streams, PlanConfig(seed=1, num_lanes=2, shuffle=True))
-    state = run.epoch(0).state(7)
+    state = plan_state(run.epoch(0), 7)
     for other in (PlanConfig(seed=2, num_lanes=2, shuffle=True), PlanConfig(seed=1, num_lanes=4, shuffle=True),
                   PlanConfig(seed=1, num_lanes=2, shuffle=True, dataset_fingerprint="other")):
         with pytest.raises(PlanStateMismatch, match="resume state has"):
-            RunPlan(streams, other).resume(state)
+            resume_plan(RunPlan(streams, other), state)
     with pytest.raises(PlanStateMismatch, match="fingerprint"):
-        RunPlan([StreamShards([10] * 4 + [11])], PlanConfig(seed=1, num_lanes=2, shuffle=True)).resume(state)
+        resume_plan(RunPlan([StreamShards([10] * 4 + [11])], PlanConfig(seed=1, num_lanes=2, shuffle=True)), state)
 
 
 def test_shard_order_lists_first_needs_in_order():
     plan = RunPlan([StreamShards([6] * 12, repeat=1.5)],
                    PlanConfig(seed=4, num_lanes=4, shuffle=True, shuffle_block_size=8)).epoch(0)
-    sched = plan.schedule(8, start=5)
+    sched = BatchSchedule(plan, 8, start=5)
     layout = DeviceLayout(2, 1, ranks_per_node=1, num_workers=2, worker_id=1)
     stream = np.concatenate([ids for _, ids in sched.worker_batches(layout)])
     positions = np.concatenate([sched.positions_for(t, 1, 2, 1) for t in sched.worker_batch_indices(layout)])
@@ -331,7 +334,7 @@ def test_bad_settings_raise_clear_errors():
     ok = [StreamShards([10, 10])]
     plan = RunPlan(ok, PlanConfig(num_lanes=2)).epoch(0)
     with pytest.raises(ValueError, match="not divisible by world size"):
-        plan.schedule(6).samples_for(0, 0, 4)
+        BatchSchedule(plan, 6).samples_for(0, 0, 4)
     with pytest.raises(ValueError, match="cannot be mixed"):
         RunPlan([StreamShards([5], proportion=0.5), StreamShards([5], repeat=2)], PlanConfig())
     with pytest.raises(ValueError, match="at most one"):
@@ -357,13 +360,13 @@ def test_bad_settings_raise_clear_errors():
     with pytest.raises(ValueError, match="worker_id"):
         DeviceLayout(num_workers=2, worker_id=2)
     with pytest.raises(ValueError, match="outside the epoch"):
-        plan.schedule(4, start=len(plan) + 1)
+        BatchSchedule(plan, 4, start=len(plan) + 1)
     with pytest.raises(IndexError):
         plan.samples_at([len(plan)])
 
 
 def test_layout_errors_come_before_any_iteration():
-    sched = RunPlan([StreamShards([10, 10])], PlanConfig(num_lanes=2)).epoch(0).schedule(6)
+    sched = BatchSchedule(RunPlan([StreamShards([10, 10])], PlanConfig(num_lanes=2)).epoch(0), 6)
     with pytest.raises(ValueError, match="not divisible by world size 4"):
         sched.worker_batches(DeviceLayout(world_size=4, rank=1))
     with pytest.raises(ValueError, match="not divisible"):
@@ -429,7 +432,7 @@ def test_plan_of_a_billion_samples_is_small_and_fast():
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     t0 = time.perf_counter()
-    sched = plan.schedule(4096, start=plan.size // 2 + 17)  # resume mid-epoch: no replay
+    sched = BatchSchedule(plan, 4096, start=plan.size // 2 + 17)  # resume mid-epoch: no replay
     _, ids = next(sched.worker_batches(DeviceLayout(16, 5, ranks_per_node=8, num_workers=2, worker_id=1)))
     first = time.perf_counter() - t0
     print(f"1e9 samples / 5e5 shards: plan {built:.3f} s, held {plan.nbytes / 1e6:.1f} MB, "

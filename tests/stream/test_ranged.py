@@ -90,7 +90,7 @@ def blobs_variable(s3_bucket: str) -> str:
 
 
 def offsets_known(ds: StreamingDataset) -> bool:
-    return ds._ranged._computed_offsets(0) is not None
+    return ds._shards.ranged._computed_offsets(0) is not None
 
 
 @pytest.mark.parametrize("layout", ["blobs", "blobs_variable"])
@@ -106,7 +106,7 @@ def test_first_batches_come_by_ranged_reads_before_their_shards_are_cached(layou
         it = ds.iter_batches()
         first = [next(it) for _ in range(3)]
         assert cached_shards(cache) == []  # every whole-shard download is still held
-        assert ds._ranged.served >= 3 * 8
+        assert ds._shards.ranged.served >= 3 * 8
         shards_of_first = set(ds._locate(np.asarray(first[0]["id"]))[0].tolist())
         assert len(shards_of_first) > 1
     finally:
@@ -116,7 +116,7 @@ def test_first_batches_come_by_ranged_reads_before_their_shards_are_cached(layou
     check_epoch(batches)
     for got, want in zip(batches, reference, strict=True):  # the same bytes, in the same order
         assert np.array_equal(got["id"], want["id"]) and np.array_equal(got["blob"], want["blob"])
-    assert ds._ranged.sparse == {} and ds._ranged.held == 0
+    assert ds._shards.ranged.sparse == {} and ds._shards.ranged.held == 0
 
 
 def test_per_sample_path_and_worker_handoff_carry_ranged_batches(blobs: str, tmp_path: Path) -> None:
@@ -140,7 +140,7 @@ def test_per_sample_path_and_worker_handoff_carry_ranged_batches(blobs: str, tmp
     try:
         it2: Iterator[dict[str, Any]] = iter(ds)
         samples = [next(it2) for _ in range(8)]
-        assert cached_shards(tmp_path / "cache2") == [] and ds._ranged.served >= 8
+        assert cached_shards(tmp_path / "cache2") == [] and ds._shards.ranged.served >= 8
     finally:
         gate.set()
     samples += list(it2)
@@ -170,11 +170,11 @@ def test_ranged_reads_off_where_they_cannot_apply(case: str, s3_bucket: str, tmp
     if case == "off":
         kwargs["ranged_reads"] = False
     ds = make(remote, tmp_path / "cache", **kwargs)
-    assert not any(ds._ranged.eligible(s) for s in range(len(ds._entries)))
+    assert not any(ds._shards.ranged.eligible(s) for s in range(len(ds._entries)))
     gate = hold_downloads(ds)
     threading.Timer(0.5, gate.set).start()  # the first batch can only come after the downloads
     batches = list(ds.iter_batches())
-    assert gate.is_set() and ds._ranged.served == 0
+    assert gate.is_set() and ds._shards.ranged.served == 0
     check_epoch(batches)
 
 
@@ -183,7 +183,7 @@ def test_no_ranged_reads_when_the_missing_shards_are_small(blobs: str, tmp_path:
     monkeypatch.setattr(ranged, "MIN_MISSING_BYTES", 10 << 20)
     ds = make(blobs, tmp_path / "cache")
     batches = list(ds.iter_batches())
-    assert ds._ranged.served == 0
+    assert ds._shards.ranged.served == 0
     check_epoch(batches)
 
 

@@ -82,7 +82,7 @@ def test_row_addresses_follow_readers_that_are_closed_and_reopened(tmp_path: Pat
 
     def reader(shard: int) -> ShardReader:
         if shard not in open_now:
-            open_now[shard] = ShardReader(ds._path(shard), ds.streams[0].entries[shard])
+            open_now[shard] = ShardReader(ds._shards.path(shard), ds.streams[0].entries[shard])
         return open_now[shard]
 
     rng = np.random.default_rng(7)

@@ -4,10 +4,11 @@
 docs/streaming.md for the differences. The order itself is a pure function (`plan`, `schedule`).
 """
 
+from tessera.stream.batching.epoch_plan import EpochPlan, PlanConfig, RunPlan
+from tessera.stream.batching.resume_state import PlanState, PlanStateMismatch
 from tessera.stream.cache import CacheLimitError, ShardCache, download_counts
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.loader import StreamingDataLoader
-from tessera.stream.plan import EpochPlan, PlanConfig, PlanState, PlanStateMismatch, RunPlan
 from tessera.stream.registry import streams_registry
 from tessera.stream.streams import Stream
 from tessera.stream.world import World

@@ -1,25 +1,24 @@
 """`StreamingDataset`: MDS shards from any bucket into PyTorch, deterministic, elastic and resumable.
 
 Parameter names follow MosaicML Streaming so switching is an import change (differences:
-docs/streaming.md). The sample order is owned by the pure epoch plan (`plan.py`, `schedule.py`); this
-module only does I/O around it: which shard to fetch next, reading samples, and the resume state.
+docs/streaming.md). The sample order is owned by the pure epoch plan (the `batching` package); this
+module only does I/O around it: which shard to fetch next (`prefetch.py`), reading samples from the
+shards it holds open (`open_shards.py`), and saving and loading the resume state (`resume_state.py`).
 
 Global batch t of an epoch is S[start + t*G : start + (t+1)*G] with G = batch_size * data-parallel
 ranks, whatever the number of nodes, ranks or DataLoader workers. The last global batch is completed
 by wrapping around to the start of S (counted in `padding`), so every rank gets the same number of
 samples and DDP never waits on a rank that ran out. That is batching_method="random"; "stratified",
-"per_stream" and "device_per_stream" use one sequence per stream (`batching.py`, `device_per_stream.py`).
+"per_stream" and "device_per_stream" use one sequence per stream (`batching/methods.py`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import math
 import os
 import sys
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,21 +29,29 @@ from torch.utils.data import IterableDataset
 from tessera.shards.encodings import lookup_encoding
 from tessera.shards.reader import ShardReader
 from tessera.shards.sizes import parse_count, parse_size
-from tessera.stream import batching
-from tessera.stream.batching import StreamPlans, StreamSchedule, check_batching_method
-from tessera.stream.cache import check_cache_limit, largest_shard, raise_open_file_limit
+from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+from tessera.stream.batching.layout import DeviceLayout, group_sizes
+from tessera.stream.batching.methods import Batching, check_batching_settings, reader_batches
+from tessera.stream.batching.mixing import check_granularity
+from tessera.stream.batching.random_batches import BatchSchedule
+from tessera.stream.batching.resume_state import (
+    PlanState,
+    check_batching,
+    checked_state,
+    read_state,
+    resumed_config,
+    save_state,
+)
+from tessera.stream.batching.stream_batches import StreamSchedule
+from tessera.stream.cache import check_cache_limit, raise_open_file_limit
 from tessera.stream.defaults import cache_fitted_block, default_lanes
 from tessera.stream.gather import BatchRefs, gather, gather_to_slot, stack_samples
-from tessera.stream.mixing import check_granularity
 from tessera.stream.mosaic_api import MosaicDatasetAPI
-from tessera.stream.plan import PlanConfig, PlanState, PlanStateMismatch, RunPlan
+from tessera.stream.open_shards import OpenShards, open_limit
 from tessera.stream.prefetch import NoPrefetch, Prefetcher
-from tessera.stream.ranged import RangedReads
 from tessera.stream.registry import build_stream
-from tessera.stream.row_addresses import RowAddresses
-from tessera.stream.schedule import BatchSchedule, DeviceLayout, group_sizes
 from tessera.stream.slots import Layout, SlotRing
-from tessera.stream.state import StageTimes, check_resume_state, make_state
+from tessera.stream.stage_times import StageTimes
 from tessera.stream.streams import (
     LoadedStream,
     Stream,
@@ -55,11 +62,6 @@ from tessera.stream.streams import (
     write_back_weights,
 )
 from tessera.stream.world import World
-
-# Shards kept memory-mapped (and pinned) per reader process. A shuffle block spans many shards, so this
-# must cover them all or samples re-open shards; an mmap and a lock fd per shard cost little. Under a
-# cache_limit a reader keeps fewer open: its share of what fits (`_open_limit`).
-OPEN_READERS = 256
 
 
 def _map_nested(fn: Callable[[Any], Any], samples: Any) -> Any:
@@ -90,7 +92,8 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                              "with streams=[...] construct those Streams yourself")
         self.sampling_granularity = check_granularity(sampling_granularity)
         self.initial_physical_nodes: int | None = None  # MosaicML's: the node count of the first run
-        self.batching_method = check_batching_method(batching_method)
+        self._batching = Batching(batching_method, int(batch_size or 1))
+        self.batching_method = self._batching.method
         if partition_algo not in ("orig", "relaxed"):
             raise ValueError(f"unknown partition_algo {partition_algo!r}")
         specs = list(streams) if streams else [build_stream(
@@ -118,10 +121,13 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         for st in self.streams:
             st.granularity = self.sampling_granularity
         check_cache_limit(self.cache_limit, self.streams)
-        self._max_open = self._open_limit(world)  # set again per iteration, once the workers are known
         check_unsafe_columns(self.streams, self.columns, allow_unsafe_types)
         self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
-        self._ranged = RangedReads(self.streams, self._entries, ranged_reads, self.columns, allow_unsafe_types)
+        self.stage_times = StageTimes()
+        self._shards = OpenShards(self.streams, self._entries, columns=self.columns,
+                                  allow_unsafe_types=allow_unsafe_types, cache_limit=self.cache_limit,
+                                  ranged_reads=ranged_reads, times=self.stage_times,
+                                  max_open=open_limit(self.cache_limit, self.streams, world))
         sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
         self._shard_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         lanes = num_canonical_nodes or default_lanes(shuffle_algo, world.num_nodes, self.num_samples)
@@ -134,25 +140,12 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                                   dataset_fingerprint=":".join(st.fingerprint for st in self.streams))
         self._run = RunPlan([st.shards() for st in self.streams], self._config)
         write_back_weights(self.streams, self._run.units.choose)  # stream.proportion/repeat/choose, as MosaicML
-        self._stream_plans: StreamPlans | None = None  # batching_method other than "random" (batching.py)
-        batching.check_batching_settings(self.batching_method, [c for c in self._run.units.choose.tolist() if c > 0],
-                                         self.global_batch_size(world), self.batch_size)  # before any download
+        check_batching_settings(self.batching_method, [c for c in self._run.units.choose.tolist() if c > 0],
+                                self.global_batch_size(world), self.batch_size)  # before any download
         self._epoch = 0
         self._resume: PlanState | None = None
         self._epoch_used = False  # an iteration of self._epoch started (the next one starts the next epoch)
         self.transform = transform
-        self._active: Prefetcher | None = None  # the running iteration's, for reads through `get_item`
-        self._readers: OrderedDict[int, tuple[ShardReader, Any]] = OrderedDict()
-        self._ahead: dict[int, Any] = {}  # pins of prefetched shards not opened yet (cache limit only)
-        self._rows = RowAddresses()  # where open shards keep their rows, for gather (per process)
-        self.stage_times = StageTimes()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Picklable for spawn/forkserver DataLoader workers: open shard readers (mmaps) stay behind."""
-        state = self.__dict__.copy()
-        state["_readers"], state["_rows"], state["_ahead"] = OrderedDict(), RowAddresses(), {}
-        state["_active"] = None
-        return state
 
     # --- checks -----------------------------------------------------------------------------------
     def _check_world(self, world: World) -> None:
@@ -182,105 +175,27 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         world = World.from_env()
         G = self.global_batch_size(world)
         n = self._epoch_samples(self._epoch, G)
-        if self.batching_method != "random":  # the other methods fill every batch (batching.py)
+        if self.batching_method != "random":  # the other methods fill every batch (stream_batches.py)
             return math.ceil(n / G) * self.batch_size
         return math.ceil(n / (G // self.batch_size))  # the last batch is padded only to a multiple of ranks
 
-    def _batched(self, epoch: int, G: int, start: int = 0) -> StreamSchedule:
-        """The schedule of a batching_method other than "random" (see batching.py)."""
-        if self._stream_plans is None or self._stream_plans.run is not self._run:
-            self._stream_plans = StreamPlans(self._run)
-        return self._stream_plans.schedule(self.batching_method, epoch, G, start, self.batch_size)
-
     def _epoch_samples(self, epoch: int, G: int) -> int:
         """Positions served in an epoch before the wrap-around of its last global batch."""
-        if self.batching_method == "random":
-            return len(self._run.epoch(epoch))
-        return self._batched(epoch, G).epoch_samples
+        return self._batching.epoch_samples(self._run, epoch, G)
 
     # --- random access --------------------------------------------------------------------------------
     def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         shard = np.searchsorted(self._shard_base, ids, side="right") - 1
         return shard, ids - self._shard_base[shard]
 
-    def _path(self, shard: int) -> Path:
-        si, sh = self._entries[shard]
-        return self.streams[si].cache.path(self.streams[si].entries[sh])
-
-    def _fetch(self, shard: int, rank_of: Any = None) -> Path:
-        si, sh = self._entries[shard]
-        return self.streams[si].cache.fetch(self.streams[si].entries[sh], rank_of)
-
-    def _prefetch(self, shard: int, rank_of: Any = None) -> Path | None:
-        """Fetch ahead of the reader only if it fits under cache_limit without passing it (else None).
-
-        Under a cache limit the shard stays pinned until this process opens it (`_reader`): the other
-        processes sharing the cache know nothing of this process's needs, so to them an unopened prefetched
-        shard looks unneeded, and they evicted it just before it was read (downloaded again).
-        """
-        si, sh = self._entries[shard]
-        cache, entry = self.streams[si].cache, self.streams[si].entries[sh]
-        self._ranged.wait_turn()  # the first batch's ranged reads go first (ranged.py)
-        if self.cache_limit is None:
-            return cache.fetch(entry, rank_of, optional=True)
-        if len(self._ahead) >= self._max_open:  # this process's share is held: leave the rest to others
-            return None
-        pin = cache.pinned(entry)
-        pin.__enter__()
-        try:
-            path = cache.fetch(entry, rank_of, optional=True)
-        except BaseException:
-            pin.__exit__(None, None, None)
-            raise
-        if path is None or shard in self._ahead:
-            pin.__exit__(None, None, None)
-        else:
-            self._ahead[shard] = pin
-        return path
-
-    def _release_ahead(self, shard: int | None = None) -> None:
-        """Drop the prefetch pin of `shard` (opened now: its reader holds a pin of its own), or of all."""
-        for key in [shard] if shard is not None else list(self._ahead):
-            pin = self._ahead.pop(key, None)
-            if pin is not None:
-                pin.__exit__(None, None, None)
-
     def _reader(self, shard: int, prefetcher: Prefetcher | None = None) -> ShardReader:
-        prefetcher = prefetcher or self._active  # reads through get_item during an iteration wait on it too
-        hit = self._readers.get(shard)
-        if hit is not None:
-            self._readers.move_to_end(shard)
-            return hit[0]
-        if prefetcher is not None and self._ranged.on_miss(self._readers, shard, prefetcher):
-            return self._readers[shard][0]  # served by ranged reads while its download runs (ranged.py)
-        t0 = time.perf_counter()
-        si, sh = self._entries[shard]
-        # Pin first, then make sure the shard is present: a shard fetched earlier (by the prefetcher or
-        # anyone else) may have been evicted since, and once pinned it can no longer be.
-        pin = self.streams[si].cache.pinned(self.streams[si].entries[sh])
-        pin.__enter__()
-        try:
-            if prefetcher is not None:
-                prefetcher.wait_for(shard)  # do not download twice what is already on its way
-            path = self._fetch(shard, prefetcher.rank if prefetcher else None)
-            reader = self.streams[si].open_reader(sh, path, self.columns, self.allow_unsafe_types)
-        except BaseException:
-            pin.__exit__(None, None, None)
-            raise
-        self.stage_times.wait += time.perf_counter() - t0
-        self._readers[shard] = (reader, pin)
-        self._release_ahead(shard)
-        while len(self._readers) > self._max_open:
-            _, (old, old_pin) = self._readers.popitem(last=False)
-            old.close()
-            old_pin.__exit__(None, None, None)
-        return reader
+        return self._shards.reader(shard, prefetcher)
+
+    def _fetch(self, shard: int) -> Path:
+        return self._shards.fetch(shard)
 
     def _close_readers(self) -> None:
-        while self._readers:
-            _, (reader, pin) = self._readers.popitem()
-            reader.close()
-            pin.__exit__(None, None, None)
+        self._shards.close_readers()
 
     # --- epochs and resumption --------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -301,37 +216,20 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         """
         epoch, start = self._begin()
         consumed = num_samples if from_beginning else start + num_samples
-        if self.batching_method == "random":
-            n = len(self._run.epoch(epoch))
-            state = make_state(self._run, epoch, min(consumed, n))  # the wrapped tail counts as the end
-            return {**state, "batching_method": "random", **self._mosaic_state_keys()}
         G = self.global_batch_size()
-        consumed = min(consumed, self._epoch_samples(epoch, G))
-        unit = batching.resume_unit(self.batching_method, G, self.batch_size)
-        if consumed % unit:
-            raise ValueError(f"batching_method={self.batching_method!r} resumes at global batch boundaries: "
-                             f"{consumed} samples is not a multiple of {unit} (global batch size {G})")
-        state = make_state(self._run, epoch, 0)
-        return {**state, "samples_consumed": consumed, "sample_in_epoch": consumed,
-                "batching_method": self.batching_method, "global_batch_size": G,
-                "device_batch_size": self.batch_size, **self._mosaic_state_keys()}
+        state = save_state(self._run, epoch, consumed, self._epoch_samples(epoch, G), self.batching_method, G,
+                           self.batch_size)
+        return {**state, **self._mosaic_state_keys()}
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
         """Continue the global order exactly where `obj` stopped, on any world size or worker count."""
-        state = check_resume_state(obj, self._config)
+        state = read_state(obj, self._config)
         self.initial_physical_nodes = obj.get("initial_physical_nodes")
-        saved = obj.get("batching_method", "random" if obj.get("format") else self.batching_method)
-        if saved != self.batching_method:
-            raise PlanStateMismatch(f"resume state has batching_method={saved!r} but this run has "
-                                    f"{self.batching_method!r}")
-        batching.check_resume_batching(obj, self.batching_method, self.global_batch_size(), self.batch_size)
-        if state.num_lanes != self._config.num_lanes or state.block_size != self._config.block_size:
-            self._config = PlanConfig(**{**self._config.__dict__, "num_lanes": state.num_lanes,
-                                         "shuffle_block_size": state.block_size})
-            self._run = RunPlan([st.shards() for st in self.streams], self._config)
-        if not state.fingerprint:  # a MosaicML Streaming state: same data assumed, our fingerprint
-            state = dataclasses.replace(state, fingerprint=self._run.fingerprint)
-        self._run.check_state(state)
+        check_batching(obj, self.batching_method, self.global_batch_size(), self.batch_size)
+        config = resumed_config(state, self._config)
+        if config is not self._config:  # S depends on the lanes and block size: the saved ones rule
+            self._config, self._run = config, RunPlan([st.shards() for st in self.streams], config)
+        state = checked_state(self._run, state)
         n = self._epoch_samples(state.epoch, self.global_batch_size())
         if state.samples_consumed >= n:  # the epoch was finished: start the next one
             self._epoch, self._resume, self._epoch_used = state.epoch + 1, None, False
@@ -339,55 +237,15 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self._epoch, self._resume, self._epoch_used = state.epoch, state, False
 
     # --- iteration --------------------------------------------------------------------------------------
-    def _open_limit(self, world: World) -> int:
-        """Shard readers this process keeps open (each pins its shard, which then cannot be evicted).
-
-        Under a cache limit, every reader process of the node (ranks x DataLoader workers) shares the
-        cache: each gets an equal part of what fits, half for open shards and half for shards it
-        prefetched (also pinned until opened: `_prefetch`), and at least one open. Without that, two ranks
-        each pinned nearly a whole limit's worth and the cache grew past it.
-        """
-        if self.cache_limit is None:
-            return OPEN_READERS
-        readers = world.local_world_size * max(1, world.num_workers)
-        fits = self.cache_limit // max(1, largest_shard(self.streams))
-        return max(1, min(OPEN_READERS, (fits // readers) // 2))  # half open, half prefetched (`_prefetch`)
-
-    def _schedule(self, group: int = 1) -> tuple[BatchSchedule | StreamSchedule, World, DeviceLayout]:
+    def _schedule(self, group: int = 1) -> tuple[BatchSchedule | StreamSchedule, DeviceLayout]:
         world = World.from_env()
         self._check_world(world)
-        self._max_open = self._open_limit(world)
+        self._shards.max_open = open_limit(self.cache_limit, self.streams, world)
         layout = self._layout(world, group)
         epoch, start = self._begin()
-        if self.batching_method != "random":
-            sched = self._batched(epoch, self.global_batch_size(world), start)
-            sched.check_layout(layout)
-            return sched, world, layout
-        sched = self._run.epoch(epoch).schedule(self.global_batch_size(world), start)
+        sched = self._batching.schedule(self._run, epoch, self.global_batch_size(world), start)
         sched.check_layout(layout)
-        return sched, world, layout
-
-    def _batches(self, sched: BatchSchedule | StreamSchedule,
-                 layout: DeviceLayout) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """(shard ids, in-shard indices) of each rank batch this reader serves; the last one may be partial
-        (`BatchSchedule.rank_batch_positions`). Computed a chunk of batches at a time (numpy calls per batch
-        cost more than the math)."""
-        if isinstance(sched, StreamSchedule):
-            yield from (self._locate(ids) for _, ids in sched.worker_batches(layout))
-            return
-        G = sched.global_batch_size
-        ts_all = sched.worker_batch_indices(layout)
-        most, i, step = max(1, 16384 // max(1, G // layout.world_size)), 0, 1
-        while i < len(ts_all):  # chunks of 1, 2, 4, ... batches: the first batch waits for one batch's plan
-            ts = np.asarray(ts_all[i:i + step], dtype=np.int64)
-            i, step = i + len(ts), min(2 * step, most)
-            pos = sched.rank_batch_positions(ts, layout)
-            short = pos[-1] < 0  # only the epoch's last batch can be partial
-            shards, local = self._locate(sched.plan.samples_at(np.where(pos < 0, 0, pos).reshape(-1)))
-            shards, local = shards.reshape(pos.shape), local.reshape(pos.shape)
-            yield from zip(shards[:-1], local[:-1], strict=True)
-            if not short.all():
-                yield shards[-1][~short], local[-1][~short]
+        return sched, layout
 
     def _prefetcher(self, sched: BatchSchedule | StreamSchedule, layout: DeviceLayout) -> Prefetcher:
         if all(st.remote_store is None for st in self.streams):  # local-only: nothing to fetch (prefetch.py)
@@ -398,9 +256,9 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         # cache holds: beyond it, other processes sharing the cache would evict what it prefetched.
         limited = self.cache_limit is not None
         if limited:
-            window = min(window, max(self.batch_size, self._max_open * self.num_samples // len(self._entries)))
-        return Prefetcher(sched.shard_order(layout, renew=self.batch_size if limited else 0), self._prefetch,
-                          self._path, window, warm_up=self._warm_up, in_order=limited)
+            window = min(window, max(self.batch_size, self._shards.max_open * self.num_samples // len(self._entries)))
+        return Prefetcher(sched.shard_order(layout, renew=self.batch_size if limited else 0), self._shards.prefetch,
+                          self._shards.path, window, warm_up=self._warm_up, in_order=limited)
 
     def _warm_up(self) -> None:
         """Column decoders (image ones import PIL, ~0.15 s) set up while the first shards download."""
@@ -413,23 +271,21 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         if self._epoch_used:  # iterating again without set_epoch/load_state_dict: the next epoch (MosaicML's)
             self._epoch, self._resume = self._epoch + 1, None
         self._epoch_used = True
-        sched, _, layout = self._schedule(group)
-        prefetcher = self._active = self._prefetcher(sched, layout)
+        sched, layout = self._schedule(group)
+        prefetcher = self._shards.active = self._prefetcher(sched, layout)
         done = 0
         try:
-            batches, sizes = self._batches(sched, layout), group_sizes(group)  # a worker's groups (DataLoader items)
+            batches = reader_batches(sched, layout, self._locate)
+            sizes = group_sizes(group)  # a worker's groups (DataLoader items)
             while chunk := list(itertools.islice(batches, next(sizes))):
-                self._ranged.batch(self._readers, chunk, prefetcher)  # a worker's group of batches at once
+                self._shards.batch(chunk, prefetcher)  # a worker's group of batches at once
                 for shards, local in chunk:
                     yield shards, local, prefetcher
                     done += len(shards)
                     prefetcher.advance(done)
         finally:
             prefetcher.close()
-            self._active = None
-            self._release_ahead()
-            self._close_readers()
-            self._ranged.close()
+            self._shards.end_iteration()
             if os.environ.get("TESSERA_STREAM_PROFILE"):
                 print(f"[tessera.stream] {self.stage_times.report(self.streams)}", file=sys.stderr)
 
@@ -467,7 +323,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
             if custom:
                 yield stack_samples([self[i] for i in (self._shard_base[shards] + local).tolist()])
             else:
-                yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local, addresses=self._rows)
+                yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local, addresses=self._shards.rows)
             self.stage_times.decode += time.perf_counter() - t0
 
     def iter_batch_groups(self, group: int, refs: bool, ring: SlotRing | None = None,
@@ -486,15 +342,15 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         for shards, local, prefetcher in self._epoch_batches(group):
             t0 = time.perf_counter()
             read = lambda shard, p=prefetcher: self._reader(shard, p)  # noqa: E731
-            slots.append(gather_to_slot(ring, worker, read, shards, local, self._rows))  # opens the shards it reads
+            slots.append(gather_to_slot(ring, worker, read, shards, local, self._shards.rows))  # opens the shards it reads
             for shard in () if slots[-1] else dict.fromkeys(shards.tolist()):  # (cheaper than np.unique)
                 read(shard)  # present, pinned and open before anyone is told
-            if not slots[-1] and (self.cache_limit is not None or self._ranged.sparse
-                                  and self._ranged.sparse.keys() & set(shards.tolist())):
+            if not slots[-1] and (self.cache_limit is not None or self._shards.ranged.sparse
+                                  and self._shards.ranged.sparse.keys() & set(shards.tolist())):
                 # Sent as data: its rows came by ranged reads (not in the cache), or under a cache limit,
                 # where the shard may be evicted before the training process reads it (which would then
                 # download it again, itself).
-                data[len(pending)] = gather(read, shards, local, addresses=self._rows)
+                data[len(pending)] = gather(read, shards, local, addresses=self._shards.rows)
             pending.append((shards, local))
             self.stage_times.decode += time.perf_counter() - t0
             if len(pending) == size:
@@ -514,5 +370,5 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
             if slot is not None:
                 yield ring.hand_out(slot[0], slot[1], len(shards))  # type: ignore[union-attr]
             else:
-                yield given if given is not None else gather(self._reader, shards, rows, addresses=self._rows)
+                yield given if given is not None else gather(self._reader, shards, rows, addresses=self._shards.rows)
             self.stage_times.decode += time.perf_counter() - t0  # includes the consumer's time, as above

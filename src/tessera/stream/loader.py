@@ -45,7 +45,6 @@ from tessera.stream.dataset import StreamingDataset
 from tessera.stream.forksafe import die_with_parent, fork_is_clean, limit_malloc_arenas
 from tessera.stream.gather import OUTPUTS, REF_GROUP, all_fixed_size
 from tessera.stream.slots import FILLED, FREE, SlotRing, slot_bytes
-from tessera.stream.state import StageTimes
 
 
 def _needs_clean_workers(dataset: StreamingDataset, gate_open: bool) -> bool:
@@ -301,7 +300,7 @@ class StreamingDataLoader(DataLoader):
                           f"{ds.stage_times.decode:.2f}s{slots}", file=sys.stderr)
                 if self._ring is not None:
                     self._ring.handed_out = 0
-                ds.stage_times = StageTimes()
+                ds.stage_times.reset()
         self._epoch += 1  # a finished epoch: the next iteration starts the next one from its start
         ds.set_epoch(self._epoch)
         ds._resume = None

@@ -22,7 +22,7 @@ from tessera.stream.world import World
 
 if TYPE_CHECKING:
     from tessera.shards.reader import ShardReader
-    from tessera.stream.plan import PlanConfig, RunPlan
+    from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
     from tessera.stream.streams import LoadedStream
 
 

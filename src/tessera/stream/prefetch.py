@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from tessera.stream.schedule import ShardNeed
+from tessera.stream.batching.shard_needs import ShardNeed
 
 
 class Prefetcher:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -53,6 +53,14 @@ CONCURRENCY = 64
 # Bytes read with the offset table in the first header request, for the config JSON that follows it.
 CONFIG_GUESS = 16 << 10
 PAGE = mmap.PAGESIZE
+
+
+class ReaderTable(Protocol):
+    """The process's open readers (`open_shards.OpenShards`), where sparse copies are served from."""
+
+    def held(self, shard: int) -> ShardReader | None: ...
+    def hold_unpinned(self, shard: int, reader: ShardReader) -> None: ...
+    def forget(self, shard: int, reader: ShardReader) -> bool: ...
 
 
 @dataclass
@@ -131,7 +139,7 @@ class RangedReads:
         self._pool = None
 
     # --- the per-batch step ---------------------------------------------------------------------------
-    def batch(self, readers: dict[int, tuple[ShardReader, Any]], batches: list[tuple[np.ndarray, np.ndarray]],
+    def batch(self, readers: ReaderTable, batches: list[tuple[np.ndarray, np.ndarray]],
               prefetcher: Any) -> None:
         """The reader is about to serve these batches ((shards, rows) each; a DataLoader worker's group):
         remember them, and if sparse copies are in use, refresh them and fetch the rows they need. Nothing
@@ -152,15 +160,15 @@ class RangedReads:
         if self._go is not None:
             self._go.wait(1.0)
 
-    def on_miss(self, readers: dict[int, tuple[ShardReader, Any]], shard: int, prefetcher: Any) -> bool:
+    def on_miss(self, readers: ReaderTable, shard: int, prefetcher: Any) -> bool:
         """`shard` is not open: serve the current batch's shards by ranged reads where they can be; True
         if `shard` now is (readers holds its sparse copy)."""
         if not self.enabled or self._current is None or self.prepared_for is self._current[0]:
             return False
         self.prepare(readers, *self._current, prefetcher)
-        return shard in readers
+        return readers.held(shard) is not None
 
-    def prepare(self, readers: dict[int, tuple[ShardReader, Any]], shards: np.ndarray, rows: np.ndarray,
+    def prepare(self, readers: ReaderTable, shards: np.ndarray, rows: np.ndarray,
                 prefetcher: Any) -> None:
         """Make every shard of this batch readable through `readers` without waiting for a download,
         where it can: drop sparse copies whose download has finished (or that `readers` evicted), start
@@ -172,12 +180,12 @@ class RangedReads:
             if self._go is not None:  # the first batch's ranged reads are done (or were not needed)
                 self._go.set()
 
-    def _prepare(self, readers: dict[int, tuple[ShardReader, Any]], shards: np.ndarray, rows: np.ndarray,
+    def _prepare(self, readers: ReaderTable, shards: np.ndarray, rows: np.ndarray,
                  prefetcher: Any) -> None:
         for shard, sp in list(self.sparse.items()):
-            if sp.reader is None or readers.get(shard, (None,))[0] is not sp.reader or not prefetcher.pending(shard):
+            if sp.reader is None or readers.held(shard) is not sp.reader or not prefetcher.pending(shard):
                 self._drop(readers, shard)
-        fresh = [s for s in dict.fromkeys(shards.tolist()) if self._epoch_served < MAX_SAMPLES and s not in readers
+        fresh = [s for s in dict.fromkeys(shards.tolist()) if self._epoch_served < MAX_SAMPLES and readers.held(s) is None
                  and self.eligible(s) and prefetcher.pending(s) and not self._cached(s)]
         if sum(self._bytes(s) for s in fresh) + sum(self._bytes(s) for s in self.sparse) < MIN_MISSING_BYTES:
             fresh = []
@@ -188,7 +196,7 @@ class RangedReads:
         slow = [s for s in fresh if s not in quick]  # their header first: it holds the offsets
         for shard, made in zip(slow, list(pool.map(self._open, slow)), strict=True):
             self.sparse[shard] = made
-            readers[shard] = (made.reader, _NoPin())  # type: ignore[assignment]
+            readers.hold_unpinned(shard, made.reader)  # type: ignore[arg-type]
         for shard, offsets in quick.items():
             sp = self.sparse[shard] = self._blank(shard, offsets)
             self.held += sp.cost
@@ -220,15 +228,13 @@ class RangedReads:
             self.served += len(run)
             self._epoch_served += len(run)
 
-    def _drop(self, readers: dict[int, tuple[ShardReader, Any]], shard: int) -> None:
+    def _drop(self, readers: ReaderTable, shard: int) -> None:
         sp = self.sparse.pop(shard)
         self.held -= sp.cost  # freed once batches that still view its rows are gone (gather copies them)
         if sp.fd is not None:
             os.close(sp.fd)
             sp.fd = None
-        hit = readers.get(shard)
-        if hit is not None and hit[0] is sp.reader and sp.reader is not None:
-            del readers[shard]
+        if sp.reader is not None and readers.forget(shard, sp.reader):
             sp.reader.close()
 
     def _computed_offsets(self, shard: int) -> np.ndarray | None:
@@ -273,7 +279,7 @@ class RangedReads:
             os.close(sp.fd)  # type: ignore[arg-type]
             sp.fd = None
 
-    def _finish(self, readers: dict[int, tuple[ShardReader, Any]], shard: int) -> None:
+    def _finish(self, readers: ReaderTable, shard: int) -> None:
         """After the header of a blank copy landed: check it against the computed offsets, then open the
         reader (which parses it and checks the embedded config against index.json)."""
         sp = self.sparse[shard]
@@ -290,7 +296,7 @@ class RangedReads:
         except BaseException:
             self._drop(readers, shard)
             raise
-        readers[shard] = (sp.reader, _NoPin())  # type: ignore[assignment]
+        readers.hold_unpinned(shard, sp.reader)  # type: ignore[arg-type]
 
     # --- I/O (pool threads) -------------------------------------------------------------------------
     @staticmethod
@@ -340,10 +346,3 @@ class RangedReads:
 
 
 _HELD_LOCK = threading.Lock()
-
-
-class _NoPin:
-    """The pin of a sparse copy: there is no cache file to keep from eviction."""
-
-    def __exit__(self, *exc: object) -> None:
-        return None

@@ -92,7 +92,7 @@ class LoadedStream:
     label: str
     entries: list[ShardEntry] = field(default_factory=list)
     weights: tuple[float | None, float | None, int | None] = (None, None, None)  # as given: `given_weights`
-    granularity: int = 1  # the dataset's sampling_granularity (mixing.py)
+    granularity: int = 1  # the dataset's sampling_granularity (batching/mixing.py)
 
     def shards(self) -> StreamShards:
         proportion, repeat, choose = self.weights

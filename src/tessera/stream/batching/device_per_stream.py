@@ -3,7 +3,7 @@
 MosaicML Streaming's semantics: each per-device batch (``b = batch_size`` samples) holds samples of a
 single stream, while the devices of one global batch may each take a different stream (useful when
 streams differ in shape, e.g. sequence length). Tessera's version, built on the per-stream sequences S_s
-of `batching.StreamPlans` (stream weights and shuffle settings as for the other methods):
+of `stream_batches.StreamPlans` (stream weights and shuffle settings as for the other methods):
 
 1. Stream s is cut into ``D_s = ceil(len(S_s) / b)`` device batches, the k-th being
    ``S_s[k*b : (k+1)*b]``; the last one wraps around to the start of S_s (< b padding per stream), so
@@ -35,13 +35,13 @@ from collections import OrderedDict
 
 import numpy as np
 
-from tessera.stream.batching import PerStreamSchedule, StreamPlans, StreamSchedule
-from tessera.stream.plan import EpochPlan
-from tessera.stream.schedule import DeviceLayout
+from tessera.stream.batching.epoch_plan import EpochPlan
+from tessera.stream.batching.layout import DeviceLayout
+from tessera.stream.batching.stream_batches import PerStreamSchedule, StreamPlans, StreamSchedule
 from tessera.stream.shuffle import philox
 
 CHUNK = 256  # device batches per chunk of the sequence whose streams are shuffled together
-TAG_DEVICE_CHUNK = 10  # seeds of the chunk shuffles (shuffle.py uses tags 1-8, batching.py 9)
+TAG_DEVICE_CHUNK = 10  # seeds of the chunk shuffles (shuffle.py uses tags 1-8, stream_batches.py 9)
 
 
 class _EvenMerge(PerStreamSchedule):

@@ -5,7 +5,7 @@ sequence S. **Global batch t is S[start + t*G : start + (t+1)*G]** for global ba
 layout; `start` is the number of samples already consumed in the epoch (0 for a fresh epoch). Nothing of
 size O(epoch) is ever built: every position of S is computed on demand from O(units) arrays.
 
-How S is built (`RunPlan` does step 1, `EpochPlan` steps 2-4, `schedule.rank_positions` step 5):
+How S is built (`RunPlan` does step 1, `EpochPlan` steps 2-4, `layout.rank_positions` step 5):
 
 1. Run-fixed: the stream-weighted units (`mixing.UnitTable`) are permuted by a key of the seed and laid end
    to end; the sequence is cut into L lanes at ``l*T//L``, splitting a unit at a cut. Lanes hold
@@ -25,11 +25,13 @@ S. Every weighted sample appears in S exactly once more.
 
 ``shuffle=False`` keeps the units in stream/shard order and the samples of a unit in index order (a
 partial unit in keyed subset order), still cut into interleaved lanes, as in MosaicML Streaming.
+
+The plan is the sequence only: `random_batches.BatchSchedule` cuts it into global batches, and
+`resume_state` saves and checks where a run stopped in it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
@@ -37,8 +39,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tessera.stream.mixing import SAMPLING_METHODS, StreamShards, UnitTable, resolve_choose
-from tessera.stream.schedule import BatchSchedule
+from tessera.stream.batching.mixing import SAMPLING_METHODS, StreamShards, UnitTable, resolve_choose
 from tessera.stream.shuffle import (
     TAG_BLOCK,
     TAG_LANE_ORDER,
@@ -55,10 +56,6 @@ PLAN_VERSION = 1
 SHUFFLE_ALGOS = ("block", "naive")
 # MosaicML's algorithm names are accepted so configs carry over; all of them run our block shuffle.
 SHUFFLE_ALGO_ALIASES = {"py1e": "block", "py1br": "block", "py1s": "block", "py2s": "block"}
-
-
-class PlanStateMismatch(ValueError):
-    """A resume state does not belong to this plan (other dataset, weights or shuffle settings)."""
 
 
 @dataclass(frozen=True)
@@ -100,34 +97,6 @@ class PlanConfig:
         return max(4_000_000 // self.num_lanes, 1 << 18)
 
 
-@dataclass(frozen=True)
-class PlanState:
-    """Topology-free resume state: enough to rebuild S and continue it at `samples_consumed`."""
-
-    fingerprint: str
-    epoch: int
-    samples_consumed: int
-    seed: int
-    num_lanes: int
-    block_size: int
-    shuffle: bool
-    shuffle_algo: str
-    sampling_method: str
-    epoch_size: int | None
-    version: int = PLAN_VERSION
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> PlanState:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = names - set(data) - {"version"}
-        if missing:
-            raise ValueError(f"plan state is missing {sorted(missing)}")
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-
 class RunPlan:
     """Run-fixed part of the plan: weights resolved into units and their lane assignment order."""
 
@@ -161,23 +130,6 @@ class RunPlan:
             return last
         plan = self.__dict__["_last_epoch"] = EpochPlan(self, epoch)
         return plan
-
-    def check_state(self, state: PlanState) -> None:
-        """Raise `PlanStateMismatch` naming the first setting in which `state` differs from this run."""
-        c = self.config
-        ours = {"version": PLAN_VERSION, "seed": c.seed, "num_lanes": c.num_lanes, "block_size": c.block_size,
-                "shuffle": c.shuffle, "shuffle_algo": c.algo, "sampling_method": c.sampling_method,
-                "epoch_size": c.epoch_size, "fingerprint": self.fingerprint}
-        for name, value in ours.items():
-            theirs = getattr(state, name)
-            if theirs != value:
-                raise PlanStateMismatch(
-                    f"resume state has {name}={theirs!r} but this run has {value!r}: the checkpoint was taken "
-                    "with another dataset or other stream/shuffle settings; restore those or start a new epoch")
-
-    def resume(self, state: PlanState) -> EpochPlan:
-        self.check_state(state)
-        return self.epoch(state.epoch)
 
 
 class EpochPlan:
@@ -290,15 +242,3 @@ class EpochPlan:
     def sample_at(self, position: int) -> int:
         """Global sample id at one position (O(log units), but ~0.5 ms of numpy overhead: batch calls)."""
         return int(self.samples_at(np.array([position]))[0])
-
-    def schedule(self, global_batch_size: int, start: int = 0) -> BatchSchedule:
-        return BatchSchedule(self, global_batch_size, start)
-
-    def state(self, samples_consumed: int) -> PlanState:
-        """Resume state after the first `samples_consumed` positions of S (any layout may resume it)."""
-        if not 0 <= samples_consumed <= len(self):
-            raise ValueError(f"samples_consumed={samples_consumed} is outside the epoch of {len(self)} samples")
-        cfg = self.run.config
-        return PlanState(fingerprint=self.run.fingerprint, epoch=self.epoch, samples_consumed=int(samples_consumed),
-                         seed=cfg.seed, num_lanes=cfg.num_lanes, block_size=cfg.block_size, shuffle=cfg.shuffle,
-                         shuffle_algo=cfg.algo, sampling_method=cfg.sampling_method, epoch_size=cfg.epoch_size)

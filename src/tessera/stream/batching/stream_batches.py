@@ -1,11 +1,12 @@
 """`batching_method` other than "random": how global batches are drawn from several streams.
 
-"random" (the default) is the plan of `plan.py`: global batch t is S[t*G : (t+1)*G] of the mixed
-sequence S. The methods here keep the mixing weights (`mixing.resolve_choose`: stream s contributes
-``c_s`` samples per epoch) but build **one sequence S_s per stream**: a `RunPlan` of that stream alone
-taking ``choose=c_s``, with the run's shuffle settings, ``min(num_lanes, c_s)`` lanes, the run's block
-size, and a seed derived from (shuffle_seed, stream index) so that streams of the same shape are not
-shuffled alike. Each S_s is lazy (O(shards of s) memory); streams with ``c_s = 0`` take no part.
+"random" (the default) is `random_batches.py` over the plan of `epoch_plan.py`: global batch t is
+S[t*G : (t+1)*G] of the mixed sequence S. The methods here keep the mixing weights
+(`mixing.resolve_choose`: stream s contributes ``c_s`` samples per epoch) but build **one sequence S_s
+per stream**: a `RunPlan` of that stream alone taking ``choose=c_s``, with the run's shuffle settings,
+``min(num_lanes, c_s)`` lanes, the run's block size, and a seed derived from (shuffle_seed, stream
+index) so that streams of the same shape are not shuffled alike. Each S_s is lazy (O(shards of s)
+memory); streams with ``c_s = 0`` take no part.
 
 "stratified": every global batch holds ``g_s`` samples of stream s, ``g_s`` being G * c_s / sum(c) rounded
 by largest remainder (ties to the lower stream index) to integers >= 1 that sum to G (error if G is
@@ -27,7 +28,8 @@ The positions of a global batch are split among ranks as for "random": "per_stre
 the set of samples in global batch t is the same for every layout. DataLoader workers take a rank's
 batches round-robin. Resume state: ``samples_consumed = t * G``, with the batching method and G in it.
 
-"device_per_stream" (every per-device batch from one stream) is in `device_per_stream.py`.
+"device_per_stream" (every per-device batch from one stream) is in `device_per_stream.py`; `methods.py`
+picks a method's schedule.
 """
 
 from __future__ import annotations
@@ -39,52 +41,13 @@ from fractions import Fraction
 
 import numpy as np
 
-from tessera.stream.mixing import StreamShards
-from tessera.stream.plan import EpochPlan, PlanConfig, PlanStateMismatch, RunPlan
-from tessera.stream.schedule import DeviceLayout, ShardNeed, WorkerBatches, first_needs, rank_positions
+from tessera.stream.batching.epoch_plan import EpochPlan, PlanConfig, RunPlan
+from tessera.stream.batching.layout import CHUNK_SAMPLES, DeviceLayout, WorkerBatches, rank_positions
+from tessera.stream.batching.mixing import StreamShards
+from tessera.stream.batching.shard_needs import ShardNeed, first_needs
 from tessera.stream.shuffle import derive_key
 
-BATCHING_METHODS = ("random", "stratified", "per_stream", "device_per_stream")
-UNSUPPORTED_BATCHING: tuple[str, ...] = ()
 TAG_BATCHING_STREAM = 9  # per-stream seed of the stream plans (shuffle.py uses tags 1-8)
-_CHUNK_SAMPLES = 16384
-
-
-def check_batching_method(method: str) -> str:
-    if method in UNSUPPORTED_BATCHING:
-        raise NotImplementedError(f"batching_method={method!r} is not supported (docs/streaming.md)")
-    if method not in BATCHING_METHODS:
-        raise ValueError(f"unknown batching_method {method!r}; use one of {BATCHING_METHODS}")
-    return method
-
-
-def check_batching_settings(method: str, choose: list[int], global_batch_size: int, device_batch_size: int) -> None:
-    """Settings a batching method cannot serve raise ValueError at construction, before any download."""
-    if method == "stratified":
-        stratified_counts(choose, global_batch_size)
-    elif method == "device_per_stream":
-        from tessera.stream.device_per_stream import check_device_batches  # imports this module
-
-        check_device_batches(choose, device_batch_size)
-
-
-def resume_unit(method: str, global_batch_size: int, device_batch_size: int) -> int:
-    """Samples consumed must be a multiple of this to resume: a global batch, or a device batch for
-    device_per_stream (whose device-batch sequence does not depend on the world size)."""
-    return device_batch_size if method == "device_per_stream" else global_batch_size
-
-
-def check_resume_batching(obj: dict, method: str, global_batch_size: int, device_batch_size: int) -> None:
-    """Refuse (PlanStateMismatch) a state whose batch grid differs: stratified and per_stream need the same
-    global batch size, device_per_stream the same per-device batch size (any world size)."""
-    if method == "random":
-        return
-    key, ours = (("device_batch_size", device_batch_size) if method == "device_per_stream"
-                 else ("global_batch_size", global_batch_size))
-    theirs = obj.get(key, ours)
-    if theirs != ours:
-        raise PlanStateMismatch(f"resume state has {key}={theirs} but this run has {ours}: "
-                                f"batching_method={method!r} resumes only with the same {key}")
 
 
 class StreamPlans:
@@ -110,17 +73,6 @@ class StreamPlans:
 
     def epoch(self, epoch: int) -> list[EpochPlan]:
         return [p.epoch(epoch) for p in self.plans]
-
-    def schedule(self, method: str, epoch: int, global_batch_size: int, start: int = 0,
-                 device_batch_size: int | None = None) -> StreamSchedule:
-        if method == "device_per_stream":
-            from tessera.stream.device_per_stream import DevicePerStreamSchedule  # imports this module
-
-            if device_batch_size is None:
-                raise ValueError("batching_method='device_per_stream' needs the device batch size")
-            return DevicePerStreamSchedule(self, self.epoch(epoch), global_batch_size, start, device_batch_size)
-        cls = {"stratified": StratifiedSchedule, "per_stream": PerStreamSchedule}[method]
-        return cls(self, self.epoch(epoch), global_batch_size, start)
 
 
 def stratified_counts(choose: np.ndarray | list[int], global_batch_size: int) -> np.ndarray:
@@ -184,7 +136,7 @@ class StreamSchedule:
 
     def _worker_ts(self, layout: DeviceLayout) -> Iterator[np.ndarray]:
         ts = WorkerBatches(self.first_batch, self.total_batches, layout)
-        step = max(1, _CHUNK_SAMPLES // max(1, self.global_batch_size // layout.world_size))
+        step = max(1, CHUNK_SAMPLES // max(1, self.global_batch_size // layout.world_size))
         for i in range(0, len(ts), step):
             yield np.asarray(ts[i:i + step], dtype=np.int64)
 
