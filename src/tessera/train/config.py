@@ -248,6 +248,11 @@ class TrainerConfig(BaseModel):
         Precision.FP32, description="fp32, amp_bf16 or amp_fp16 (adds a gradient scaler).")
     grad_clip_norm: Annotated[float | None, AfterValidator(_clip)] = Field(
         None, description="Clip the gradients' global norm to this; None: no clipping.")
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop", description="A NaN/infinite loss or grad norm: stop the run (NonFiniteError), or skip the step's "
+                            "update and go on.")
+    max_skipped_steps: int = Field(
+        10, ge=0, description="With on_nonfinite=skip: the run stops anyway after more skipped steps than this.")
     device_train_microbatch_size: Annotated[int | Literal["auto"] | None, BeforeValidator(_microbatch)] = Field(
         None, description="Samples per forward/backward; 'auto' halves it on out-of-memory; None: the batch.")
     global_batch_size: Annotated[int | None, _positive_or_none("for the loader's batch x world size")] = Field(
