@@ -8,7 +8,9 @@
 
 The trainer contract is `model(batch) -> loss` with `batch = {"tokens": [B, L]}`: positions 0..L-2 predict
 tokens 1..L-1 (so a window of L tokens gives L-1 predictions, as in LLM Foundry). `-100` in targets (or in
-an optional `batch["labels"]`, aligned with `tokens`) is ignored.
+an optional `batch["labels"]`, aligned with `tokens`) is ignored. Packed fine-tuning rows add
+`batch["position_ids"]` and/or `batch["sequence_ids"]` ([B, L], `tessera.llm.finetune.batch`): attention
+stays inside each example (a block-diagonal causal mask), RoPE counts positions from each example's start.
 
 Shape of the network (MPT): token embedding, no position embedding (ALiBi biases attention by distance;
 RoPE rotates queries and keys instead), `n_layers` pre-norm blocks of fused-QKV attention and a GELU MLP,
@@ -269,21 +271,38 @@ class GPT(nn.Module):
         weight = self.transformer.wte.weight
         return KVCache(self.cfg, batch_size, max_len or self.cfg.max_seq_len, weight.device, weight.dtype)
 
-    def _attention_inputs(self, T: int, start: int, device: torch.device,
-                          dtype: torch.dtype) -> tuple[torch.Tensor | None, Rope | None]:
-        """(attention mask, RoPE tables) for queries at positions start..start+T-1 over keys 0..start+T-1."""
+    def _attention_inputs(self, T: int, start: int, device: torch.device, dtype: torch.dtype,
+                          position_ids: torch.Tensor | None = None,
+                          sequence_ids: torch.Tensor | None = None) -> tuple[torch.Tensor | None, Rope | None]:
+        """(attention mask, RoPE tables) for queries at positions start..start+T-1 over keys 0..start+T-1.
+
+        Packed rows (`sequence_ids` [B, T], one id per example) attend only inside their example: the
+        causal mask becomes block-diagonal, and RoPE takes each token's position in its example."""
         q_pos = torch.arange(start, start + T, device=device)[:, None]
         k_pos = torch.arange(start + T, device=device)[None, :]
+        allowed = None
+        if sequence_ids is not None:
+            allowed = ((sequence_ids[:, :, None] == sequence_ids[:, None, :]) & (k_pos <= q_pos))[:, None]
         if self.cfg.attn == "alibi":
             slopes = self.alibi_slopes.to(dtype)[:, None, None]  # [H, 1, 1]
             bias = -slopes * (q_pos - k_pos).clamp(min=0).to(dtype)
-            return bias.masked_fill(k_pos > q_pos, float("-inf")), None
-        rope = (self.rope_cos[start:start + T].to(dtype), self.rope_sin[start:start + T].to(dtype))
+            # inside one example the distance in the row is the distance in the example
+            return bias.masked_fill(~allowed if allowed is not None else k_pos > q_pos, float("-inf")), None
+        if position_ids is not None:
+            rope = (self.rope_cos[position_ids][:, None].to(dtype), self.rope_sin[position_ids][:, None].to(dtype))
+        else:
+            rope = (self.rope_cos[start:start + T].to(dtype), self.rope_sin[start:start + T].to(dtype))
+        if allowed is not None:
+            return allowed, rope
         return (None if start == 0 else k_pos <= q_pos), rope
 
     def forward(self, input_ids: torch.Tensor | dict[str, torch.Tensor], targets: torch.Tensor | None = None,
-                kv_cache: KVCache | None = None) -> torch.Tensor:
-        """Logits [B, T, vocab]; or the mean cross-entropy when `targets` or a batch dict is given."""
+                kv_cache: KVCache | None = None, position_ids: torch.Tensor | None = None,
+                sequence_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [B, T, vocab]; or the mean cross-entropy when `targets` or a batch dict is given.
+
+        `position_ids`/`sequence_ids` [B, T] describe packed rows (`_attention_inputs`); either gives the
+        other (positions restart where the sequence changes)."""
         if isinstance(input_ids, dict):
             return self.loss(input_ids)
         B, T = input_ids.shape
@@ -291,8 +310,11 @@ class GPT(nn.Module):
         if start + T > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {start + T} tokens is longer than "
                              f"model.max_seq_len={self.cfg.max_seq_len}")
+        if (position_ids is not None or sequence_ids is not None) and kv_cache is not None:
+            raise ValueError("packed rows (position_ids, sequence_ids) are for training, not a KV-cached step")
+        position_ids, sequence_ids = packed_positions(position_ids, sequence_ids)
         x = self.transformer.emb_drop(self.transformer.wte(input_ids))
-        attn_mask, rope = self._attention_inputs(T, start, x.device, x.dtype)
+        attn_mask, rope = self._attention_inputs(T, start, x.device, x.dtype, position_ids, sequence_ids)
         for layer, block in enumerate(self.transformer.blocks):
             x = block(x, attn_mask, rope, layer, kv_cache)
         if kv_cache is not None:
@@ -305,8 +327,31 @@ class GPT(nn.Module):
                                ignore_index=IGNORE_INDEX)
 
     def loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Next-token cross-entropy of {"tokens": [B, L]} (and optional "labels" aligned with tokens)."""
+        """Next-token cross-entropy of {"tokens": [B, L]} (and optional "labels" aligned with tokens, and
+        "position_ids"/"sequence_ids" of packed rows: no prediction crosses from one example to the next)."""
         tokens = batch["tokens"].long()
         labels = batch.get("labels")
         targets = (tokens if labels is None else labels.long())[:, 1:]
-        return self(tokens[:, :-1], targets=targets)
+        position_ids, sequence_ids = packed_positions(batch.get("position_ids"), batch.get("sequence_ids"))
+        if sequence_ids is None:
+            return self(tokens[:, :-1], targets=targets)
+        targets = targets.masked_fill(sequence_ids[:, 1:] != sequence_ids[:, :-1], IGNORE_INDEX)
+        return self(tokens[:, :-1], targets=targets, position_ids=position_ids[:, :-1],
+                    sequence_ids=sequence_ids[:, :-1])
+
+
+def packed_positions(position_ids: torch.Tensor | None,
+                     sequence_ids: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(position_ids, sequence_ids) of packed rows, each derived from the other when only one is given:
+    a sequence starts where the position is 0; a position counts from where the sequence id changed."""
+    if position_ids is None and sequence_ids is None:
+        return None, None
+    if sequence_ids is None:
+        assert position_ids is not None
+        sequence_ids = (position_ids == 0).long().cumsum(-1)
+    if position_ids is None:
+        index = torch.arange(sequence_ids.size(-1), device=sequence_ids.device).expand_as(sequence_ids)
+        starts = torch.ones_like(sequence_ids, dtype=torch.bool)
+        starts[:, 1:] = sequence_ids[:, 1:] != sequence_ids[:, :-1]
+        position_ids = index - torch.where(starts, index, 0).cummax(-1).values
+    return position_ids.long(), sequence_ids

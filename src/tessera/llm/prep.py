@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import numpy as np
 import xxhash
@@ -35,6 +36,8 @@ from tessera.shards.writer import ShardWriter
 SPLITS = ("train", "val")
 ENCODE_BATCH = 256  # documents per encode_batch call
 Progress = Callable[["PrepSummary", int, int], None]  # (summary so far, chunks done, chunks in total)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -79,11 +82,30 @@ def is_validation(doc_index: int, val_fraction: float, seed: int = 0) -> bool:
 _worker_tokenizer: Tokenizer | None = None
 
 
-def _init_worker(tokenizer_path: str, threads: bool) -> None:
+def _init_worker(tokenizer_path: str) -> None:
     global _worker_tokenizer
+    _worker_tokenizer = load_tokenizer(tokenizer_path)
+
+
+def _start_worker(init: Callable[[Any], None], argument: Any, threads: bool) -> None:
     if not threads:  # N processes x M Rust threads would oversubscribe the cores
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_tokenizer = load_tokenizer(tokenizer_path)
+    init(argument)
+
+
+def map_in_order(task: Callable[[T], R], tasks: list[T], init: Callable[[Any], None], argument: Any,
+                 workers: int) -> Iterator[R]:
+    """`task` over `tasks`, results in task order whatever the number of processes; each process first
+    runs `init(argument)` (loads its tokenizer). One process (no pool) when there is one worker or task."""
+    if workers <= 1 or len(tasks) <= 1:
+        _start_worker(init, argument, threads=True)
+        yield from map(task, tasks)
+        return
+    ctx = mp.get_context("spawn")  # fork after threads (the shard uploader) is unsafe
+    with ctx.Pool(workers, initializer=_start_worker, initargs=(init, argument, False)) as pool:
+        yield from pool.imap(task, tasks, chunksize=1)
+        pool.close()  # let the workers exit on their own; the context's terminate() is for errors
+        pool.join()
 
 
 def tokenize_chunk(chunk: Chunk, text_field: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -110,16 +132,7 @@ def _tokenize_task(args: tuple[Chunk, str]) -> tuple[np.ndarray, np.ndarray, int
 def _tokenized_chunks(chunks: list[Chunk], text_field: str, tokenizer_path: str,
                       workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
     """Each chunk's tokens, in chunk order, whatever the number of processes."""
-    tasks = [(c, text_field) for c in chunks]
-    if workers <= 1 or len(chunks) <= 1:
-        _init_worker(tokenizer_path, threads=True)
-        yield from map(_tokenize_task, tasks)
-        return
-    ctx = mp.get_context("spawn")  # fork after threads (the shard uploader) is unsafe
-    with ctx.Pool(workers, initializer=_init_worker, initargs=(tokenizer_path, False)) as pool:
-        yield from pool.imap(_tokenize_task, tasks, chunksize=1)
-        pool.close()  # let the workers exit on their own; the context's terminate() is for errors
-        pool.join()
+    return map_in_order(_tokenize_task, [(c, text_field) for c in chunks], _init_worker, tokenizer_path, workers)
 
 
 # --- main side: split, concatenate, cut, write --------------------------------------------------------
@@ -144,18 +157,23 @@ class WindowWriter:
         self.pending = buf[full * self.seq_len:]
 
 
-def prep(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
-         tokenizer: str | os.PathLike[str], *, seq_len: int = 2048, text_field: str = "text", fmt: str | None = None,
-         suffixes: Sequence[str] | None = None, val_fraction: float = 0.01,
-         workers: int = 1, compression: str | None = None, size_limit: str | int = "64mb",
-         hashes: list[str] | None = None, mode: str = "create", progress: Progress | None = None) -> PrepSummary:
-    """Tokenize a corpus and write train/val MDS datasets of `seq_len`-token windows (module docstring)."""
+def check_prep_options(seq_len: int, val_fraction: float, mode: str) -> None:
+    """ValueError naming the option, before any input is read."""
     if seq_len < 2:
         raise ValueError(f"seq_len must be at least 2 (one input and one target), got {seq_len}")
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
     if mode not in ("create", "overwrite"):
         raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
+
+
+def prep(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+         tokenizer: str | os.PathLike[str], *, seq_len: int = 2048, text_field: str = "text", fmt: str | None = None,
+         suffixes: Sequence[str] | None = None, val_fraction: float = 0.01,
+         workers: int = 1, compression: str | None = None, size_limit: str | int = "64mb",
+         hashes: list[str] | None = None, mode: str = "create", progress: Progress | None = None) -> PrepSummary:
+    """Tokenize a corpus and write train/val MDS datasets of `seq_len`-token windows (module docstring)."""
+    check_prep_options(seq_len, val_fraction, mode)
     tokenizer = os.fspath(tokenizer)
     tok = load_tokenizer(tokenizer)  # fail here, not in a worker, when the file is bad
     chunks = plan_corpus(input, fmt, suffixes)

@@ -1,0 +1,25 @@
+"""Fine-tuning data: chat, instruction and text examples to packed (or padded) MDS rows with loss masks.
+
+- `examples.py`: a record (`{"messages"}`, `{"prompt", "response"}`, `{"text"}`) to tokens and loss mask;
+  which tokens carry loss; truncation of long examples.
+- `chat.py`: the tokenizer side: chat templates (the tokenizer's own, or ChatML by default) and how
+  assistant replies are found.
+- `packing.py`: rows of the context length; packed rows keep attention inside each example.
+- `prep.py`: `prep_examples`, the whole file to MDS (`tessera llm prep --format chat ...`),
+  deterministic for any number of workers.
+- `cache.py` and `config.py`: a recipe's `data.train.path`, prepared once into a local cache.
+- `batch.py`: the batch the loader yields (`tokens`, `labels`, `position_ids`/`sequence_ids` or
+  `attention_mask`) and what a model reads from it.
+"""
+
+from tessera.llm.finetune.batch import ExampleBatch, padding_share
+from tessera.llm.finetune.cache import prepared
+from tessera.llm.finetune.chat import DEFAULT_CHAT_TEMPLATE, ExampleTokenizer, load_example_tokenizer
+from tessera.llm.finetune.config import ExampleSource
+from tessera.llm.finetune.examples import Encoded, ExampleError, encode_record, fit
+from tessera.llm.finetune.packing import RowBuilder
+from tessera.llm.finetune.prep import ExamplePrepSummary, prep_examples
+
+__all__ = ["DEFAULT_CHAT_TEMPLATE", "Encoded", "ExampleBatch", "ExampleError", "ExamplePrepSummary",
+           "ExampleSource", "ExampleTokenizer", "RowBuilder", "encode_record", "fit", "load_example_tokenizer",
+           "padding_share", "prep_examples", "prepared"]

@@ -1,0 +1,82 @@
+"""Prepare a recipe's fine-tuning file once, into a local MDS cache shared by the ranks of a node.
+
+The cache folder is `<prep_cache>/<key>/`, where the key hashes the input's content (local files: their
+bytes; objects in a bucket: URL, size and ETag), the tokenizer (`ExampleTokenizer.fingerprint`) and every
+option that changes the rows. A changed file or option gets a new folder; an unchanged one is reused.
+
+One process prepares: every process takes an exclusive `flock` on `<key>.lock`; the first finds no
+folder and prepares into `<key>.tmp-<pid>/`, then renames it to `<key>/` (atomic: a folder at `<key>/`
+is always complete, which makes it the marker). The others block on the lock meanwhile (no polling)
+and then find the folder. A process killed mid-prep leaves only a temp folder, removed by the next one.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tessera.llm.finetune.chat import ExampleTokenizer, load_example_tokenizer
+from tessera.llm.finetune.prep import prep_examples, read_summary
+from tessera.shards.inputs import is_url, list_input
+from tessera.storage import open_store
+from tessera.storage.url import split_url
+
+CACHE_VERSION = 1  # bump when the rows written for the same input and options change
+READ_BLOCK = 4 << 20
+
+
+def default_cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "tessera" / "finetune"
+
+
+def input_fingerprint(path: str) -> str:
+    """A hash of the input's content: every file's bytes, or every object's URL, size and ETag."""
+    h = hashlib.sha256()
+    if is_url(path):
+        for rel, url in list_input(path).files:
+            parent, name = split_url(url)
+            info = open_store(parent).head(name)
+            h.update(f"{rel}\0{url}\0{info.size}\0{info.etag}\n".encode())
+        return h.hexdigest()
+    for rel, file in list_input(path).files:
+        h.update(f"{rel}\0".encode())
+        with open(file, "rb") as f:
+            while block := f.read(READ_BLOCK):
+                h.update(block)
+    return h.hexdigest()
+
+
+def cache_key(path: str, tokenizer: ExampleTokenizer, options: dict[str, Any]) -> str:
+    h = hashlib.sha256(json.dumps({"version": CACHE_VERSION, "input": input_fingerprint(path),
+                                   "tokenizer": tokenizer.fingerprint(), **options}, sort_keys=True).encode())
+    return h.hexdigest()[:24]
+
+
+def prepared(path: str, tokenizer: Any, *, seq_len: int, fmt: str = "auto", loss_on: str = "all_assistant",
+             truncation: str = "prompt_first", pack: bool = True, text_field: str = "text",
+             cache_root: str | os.PathLike[str] | None = None) -> tuple[Path, dict[str, Any]]:
+    """(the cache folder holding `train/` of the prepared examples, its prep summary); prepares on a miss."""
+    tok = load_example_tokenizer(tokenizer)
+    options = dict(seq_len=seq_len, format=fmt, loss_on=loss_on, truncation=truncation, pack=pack,
+                   text_field=text_field)
+    root = Path(cache_root) if cache_root else default_cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    key = cache_key(path, tok, options)
+    folder = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not folder.is_dir():
+            for stale in root.glob(f"{key}.tmp-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = root / f"{key}.tmp-{os.getpid()}"
+            prep_examples(path, tmp, tok, seq_len=seq_len, fmt=fmt, loss_on=loss_on, truncation=truncation,
+                          pack=pack, text_field=text_field)
+            (tmp / "source.json").write_text(json.dumps({"path": path, **options}, indent=1))
+            os.replace(tmp, folder)
+    return folder, read_summary(folder) or {}

@@ -1,0 +1,61 @@
+"""A recipe's keys for fine-tuning data: `data.train.path` (and `data.eval.path`) with their options.
+
+    data:
+      train:
+        path: chat.jsonl            # JSONL or Parquet, a folder of them, or s3://...
+        format: auto                # chat | instruction | text | auto (read off each record's keys)
+        loss_on: all_assistant      # | last_assistant | all
+        pack: true                  # several examples per row, attention kept inside each
+        shuffle: true
+
+The file is prepared once into a local MDS cache (`cache.py`) and streamed like `streams` are, with
+the same determinism and resume; `path` and `streams` exclude each other. These fields are mixed into the
+recipe's loader sections (llm/recipe.py), so they are checked, listed by `tessera train --help` and
+documented here, in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+from pydantic import BaseModel, Field, model_validator
+
+from tessera.llm.finetune.examples import Format, LossOn, Truncation
+
+
+class ExampleSource(BaseModel):
+    """Fine-tuning examples to prepare and stream (instead of `streams` of prepared MDS)."""
+
+    path: str | None = Field(None, description="Fine-tuning examples: a JSONL or Parquet file or folder, local "
+                                               "or s3://...; prepared once into prep_cache (excludes streams).")
+    format: Format = Field("auto", description="Record form: chat (messages), instruction (prompt, response), "
+                                               "text, or auto (read off each record's keys).")
+    loss_on: LossOn = Field("all_assistant", description="Tokens that carry loss: every assistant reply "
+                                                         "(instruction: the response), the last one, or all.")
+    truncation: Truncation = Field("prompt_first", description="Examples longer than max_seq_len: cut the "
+                                                               "prompt side first, or drop them.")
+    pack: bool = Field(True, description="Pack several examples per row (attention kept inside each); "
+                                         "false: one example per row, padded.")
+    text_field: str = Field("text", description="The field of text records.")
+    prep_cache: str | None = Field(None, description="Local folder of prepared examples; None: "
+                                                     "$XDG_CACHE_HOME/tessera/finetune (~/.cache/...).")
+
+    @model_validator(mode="after")
+    def _path_or_streams(self) -> Any:
+        streams = getattr(self, "streams", None)
+        if self.path and streams:
+            raise ValueError("set either path (fine-tuning examples, prepared on the fly) or streams (prepared "
+                             "MDS datasets), not both")
+        if not self.path and streams is not None and not streams:
+            raise ValueError("streams: set the datasets to stream (streams: [{remote: ...}]) or, for "
+                             "fine-tuning examples, path: FILE.jsonl")
+        return self
+
+
+def check_options(*, fmt: str, loss_on: str, truncation: str) -> None:
+    """ValueError naming the option when a value is not one of its choices (for callers without pydantic)."""
+    for name, value, kind in (("format", fmt, Format), ("loss_on", loss_on, LossOn),
+                              ("truncation", truncation, Truncation)):
+        choices = get_args(kind)
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")
