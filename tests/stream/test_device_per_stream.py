@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from tessera.stream import PlanStateMismatch, Stream, StreamingDataLoader, StreamingDataset
+from tessera.stream.batching.device_layout import DeviceLayout
 from tessera.stream.batching.device_per_stream import CHUNK, DevicePerStreamSchedule
 from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
-from tessera.stream.batching.layout import DeviceLayout
 from tessera.stream.batching.methods import stream_schedule
 from tessera.stream.batching.mixing import StreamShards
 from tessera.stream.batching.stream_batches import StreamPlans

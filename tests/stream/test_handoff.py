@@ -33,7 +33,7 @@ from tessera.stream import (
     StreamingDataset,
     forksafe,
 )
-from tessera.stream.batching.layout import DeviceLayout, WorkerBatches, group_sizes
+from tessera.stream.batching.device_layout import DeviceLayout, WorkerBatches, group_sizes
 from tessera.stream.forksafe import call_outside_runtime
 from tessera.stream.gather import BatchRefs, OutputPool, all_fixed_size, gather
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from shuffle_quality import sequence_quality, shuffle_quality
 
+from tessera.stream.batching.device_layout import DeviceLayout, rank_positions
 from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
-from tessera.stream.batching.layout import DeviceLayout, rank_positions
 from tessera.stream.batching.mixing import StreamShards, resolve_choose, split_count
 from tessera.stream.batching.random_batches import BatchSchedule
 from tessera.stream.batching.resume_state import PlanState, PlanStateMismatch, plan_state, resume_plan

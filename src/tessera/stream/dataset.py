@@ -29,8 +29,8 @@ from torch.utils.data import IterableDataset
 from tessera.shards.encodings import lookup_encoding
 from tessera.shards.reader import ShardReader
 from tessera.shards.sizes import parse_count, parse_size
+from tessera.stream.batching.device_layout import DeviceLayout, group_sizes
 from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
-from tessera.stream.batching.layout import DeviceLayout, group_sizes
 from tessera.stream.batching.methods import Batching, check_batching_settings, reader_batches
 from tessera.stream.batching.mixing import check_granularity
 from tessera.stream.batching.random_batches import BatchSchedule

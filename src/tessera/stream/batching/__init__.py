@@ -4,7 +4,7 @@ Pure functions and small objects, no I/O and no torch (STYLE.md: the epoch plan 
 
 - `mixing`: stream weights -> how many samples each stream and shard gives an epoch (units).
 - `epoch_plan`: the units -> one epoch's lazy global sequence S (lanes, keyed block shuffle).
-- `layout`: a global batch's positions -> ranks, a rank's batches -> DataLoader workers.
+- `device_layout`: a global batch's positions -> ranks, a rank's batches -> DataLoader workers.
 - `random_batches`, `stream_batches`, `device_per_stream`: the batching methods; `methods` picks one.
 - `shard_needs`: a reader's samples in read order -> its shards in order of need (prefetch, eviction).
 - `resume_state`: the state a run saves and the checks a resume makes.

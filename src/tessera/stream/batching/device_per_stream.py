@@ -35,8 +35,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from tessera.stream.batching.device_layout import DeviceLayout
 from tessera.stream.batching.epoch_plan import EpochPlan
-from tessera.stream.batching.layout import DeviceLayout
 from tessera.stream.batching.stream_batches import PerStreamSchedule, StreamPlans, StreamSchedule
 from tessera.stream.shuffle import philox
 

@@ -5,7 +5,7 @@ sequence S. **Global batch t is S[start + t*G : start + (t+1)*G]** for global ba
 layout; `start` is the number of samples already consumed in the epoch (0 for a fresh epoch). Nothing of
 size O(epoch) is ever built: every position of S is computed on demand from O(units) arrays.
 
-How S is built (`RunPlan` does step 1, `EpochPlan` steps 2-4, `layout.rank_positions` step 5):
+How S is built (`RunPlan` does step 1, `EpochPlan` steps 2-4, `device_layout.rank_positions` step 5):
 
 1. Run-fixed: the stream-weighted units (`mixing.UnitTable`) are permuted by a key of the seed and laid end
    to end; the sequence is cut into L lanes at ``l*T//L``, splitting a unit at a cut. Lanes hold

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from tessera.stream.batching.device_layout import CHUNK_SAMPLES, DeviceLayout
 from tessera.stream.batching.device_per_stream import DevicePerStreamSchedule, check_device_batches
 from tessera.stream.batching.epoch_plan import RunPlan
-from tessera.stream.batching.layout import CHUNK_SAMPLES, DeviceLayout
 from tessera.stream.batching.random_batches import BatchSchedule
 from tessera.stream.batching.stream_batches import (
     PerStreamSchedule,

@@ -1,7 +1,7 @@
 """`batching_method="random"`: global batch t is S[start + t*G : start + (t+1)*G] of the mixed sequence S.
 
 S is the epoch plan's (`epoch_plan.EpochPlan`); this module cuts it into global batches, hands each
-rank its positions (`layout.rank_positions`) and each DataLoader worker its batches. Resuming is a new
+rank its positions (`device_layout.rank_positions`) and each DataLoader worker its batches. Resuming is a new
 schedule whose `start` is the number of samples already consumed: O(1), whatever the position.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from tessera.stream.batching.device_layout import CHUNK_SAMPLES, DeviceLayout, WorkerBatches, rank_positions
 from tessera.stream.batching.epoch_plan import EpochPlan
-from tessera.stream.batching.layout import CHUNK_SAMPLES, DeviceLayout, WorkerBatches, rank_positions
 from tessera.stream.batching.shard_needs import ShardNeed, first_needs
 
 

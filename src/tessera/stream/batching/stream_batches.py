@@ -41,8 +41,8 @@ from fractions import Fraction
 
 import numpy as np
 
+from tessera.stream.batching.device_layout import CHUNK_SAMPLES, DeviceLayout, WorkerBatches, rank_positions
 from tessera.stream.batching.epoch_plan import EpochPlan, PlanConfig, RunPlan
-from tessera.stream.batching.layout import CHUNK_SAMPLES, DeviceLayout, WorkerBatches, rank_positions
 from tessera.stream.batching.mixing import StreamShards
 from tessera.stream.batching.shard_needs import ShardNeed, first_needs
 from tessera.stream.shuffle import derive_key
