@@ -33,6 +33,7 @@ from pydantic import (
     model_validator,
 )
 
+from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.model import NAMED_CONFIGS, GPTConfig
 from tessera.llm.recipe_required import must_be_set_message, unset_keys
 from tessera.stream.config import StreamingConfig
@@ -102,6 +103,7 @@ class Recipe(TrainingKeys):  # type: ignore[valid-type,misc]
 
     model: dict[str, Any] = Field(default_factory=lambda: {"name": "tiny"},
                                   description="GPT shape: name (tiny, mpt-125m...) and any GPTConfig field.")
+    lora: LoraSpec | None = Field(None, description="LoRA adapters (omit for full fine-tuning); see llm/hf/config.py.")
     tokenizer: str = Field("byte", description="byte, or the path of a tokenizer JSON.")
     data: DataSpec
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
@@ -113,7 +115,10 @@ class Recipe(TrainingKeys):  # type: ignore[valid-type,misc]
     @model_validator(mode="after")
     def _check(self) -> Recipe:
         try:
-            GPTConfig.from_dict(dict(self.model))
+            if is_pretrained(self.model):  # a Hugging Face model: its keys are PretrainedSpec's
+                PretrainedSpec.model_validate(self.model)
+            else:
+                GPTConfig.from_dict(dict(self.model))
         except (TypeError, ValueError, ArithmeticError) as exc:
             raise ValueError(f"model: {exc}") from None
         self.trainer_config()  # the settings' checks across keys (autoresume needs save_folder)
@@ -179,6 +184,7 @@ def recipe_keys(schema: type[BaseModel] | None = None, prefix: str = "") -> list
             rows.append(("model.name", "str", "tiny", f"A named shape ({', '.join(NAMED_CONFIGS)}) that sets "
                                                       "the keys below; a key given overrides it."))
             rows += [(f"model.{f.name}", str(f.type), _shown(f.default), "") for f in fields(GPTConfig)]
+            rows += [row for row in recipe_keys(PretrainedSpec, "model.") if row[0] != "model.max_seq_len"]
             continue
         nested = _nested_models(info.annotation)
         if nested:
@@ -322,7 +328,7 @@ def load_recipe(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recip
         apply_override(tree, item)
     if unset := unset_keys(tree):
         raise RecipeError(f"invalid recipe: {must_be_set_message(unset)}")
-    if "model" in tree and isinstance(tree["model"], dict):
+    if "model" in tree and isinstance(tree["model"], dict) and not is_pretrained(tree["model"]):
         unknown = set(tree["model"]) - set(GPTConfig.__dataclass_fields__) - {"name"}
         for key in sorted(unknown):
             close = difflib.get_close_matches(key, list(GPTConfig.__dataclass_fields__), n=1)

@@ -12,6 +12,9 @@ from typing import Any
 
 import torch
 
+from tessera.llm.hf.config import PretrainedSpec, is_pretrained
+from tessera.llm.hf.load import load_hf, pretrained_seq_len, pretrained_tokenizer
+from tessera.llm.hf.lora import add_lora
 from tessera.llm.model import GPT
 from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
 from tessera.llm.tokenizer import Tokenizer, TokenizerError, load_tokenizer
@@ -46,16 +49,36 @@ def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int) -> StreamingDa
                                collate_fn=collate)
 
 
-def build_model(recipe: Recipe, vocab_size: int) -> GPT:
+def build_model(recipe: Recipe, vocab_size: int) -> torch.nn.Module:
+    """The recipe's model: a Hugging Face model (`model.pretrained`) or a GPT shape, with LoRA adapters
+    when the recipe has a `lora` section (then only they train)."""
+    if is_pretrained(recipe.model):
+        return load_hf(PretrainedSpec.model_validate(recipe.model), recipe.lora)[0]
     fields = dict(recipe.model)
     fields.setdefault("vocab_size", vocab_size)  # the tokenizer decides unless the recipe pins it
     if fields["vocab_size"] < vocab_size:
         raise RecipeError(f"model.vocab_size={fields['vocab_size']} is smaller than the tokenizer's {vocab_size}")
-    return GPT(type(recipe.gpt_config()).from_dict(fields))
+    model = GPT(type(recipe.gpt_config()).from_dict(fields))
+    return add_lora(model, recipe.lora) if recipe.lora is not None else model
 
 
-def recipe_tokenizer(recipe: Recipe) -> Tokenizer:
-    """The recipe's tokenizer; a file that is not one fails naming the key and the file."""
+def model_seq_len(recipe: Recipe) -> int:
+    """The longest training sequence of the recipe's model (read from config.json for a pretrained one)."""
+    if is_pretrained(recipe.model):
+        return pretrained_seq_len(PretrainedSpec.model_validate(recipe.model))
+    return recipe.gpt_config().max_seq_len
+
+
+def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """What the optimizer steps: every parameter, or only the LoRA adapters when the base is frozen."""
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def recipe_tokenizer(recipe: Recipe) -> Tokenizer | Any:
+    """The recipe's tokenizer; a file that is not one fails naming the key and the file. A pretrained
+    model brings its own (a transformers tokenizer, with the chat template the data side applies)."""
+    if is_pretrained(recipe.model):
+        return pretrained_tokenizer(PretrainedSpec.model_validate(recipe.model))
     try:
         return load_tokenizer(recipe.tokenizer)
     except TokenizerError:
@@ -71,7 +94,7 @@ def make_trainer(recipe: Recipe) -> Trainer:
         torch.set_num_threads(recipe.torch_threads)
     per_device = recipe.check_batches(current_env().world_size)
     tokenizer = recipe_tokenizer(recipe)
-    seq_len = recipe.gpt_config().max_seq_len
+    seq_len = model_seq_len(recipe)
     try:
         train = build_loader(recipe.data.train, per_device, seq_len)
     except (ShardError, StorageError) as exc:
@@ -86,15 +109,21 @@ def make_trainer(recipe: Recipe) -> Trainer:
             raise DataUnavailable.of("data.eval", exc) from exc
     seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
     model = build_model(recipe, tokenizer.vocab_size)
-    optimizer = recipe.optimizer.build(model.parameters())
+    optimizer = recipe.optimizer.build(trainable_parameters(model))
     schedule = recipe.scheduler.build()
     return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
                    run_config=run_config(recipe, model), config=recipe.trainer_config())
 
 
-def run_config(recipe: Recipe, model: GPT) -> dict[str, Any]:
-    """What checkpoints remember: the model to rebuild (export, generate) and the whole recipe."""
-    return {"model": model.cfg.to_dict(), "tokenizer": recipe.tokenizer, "recipe": recipe.dump()}
+def run_config(recipe: Recipe, model: torch.nn.Module) -> dict[str, Any]:
+    """What checkpoints remember: the model to rebuild (export, generate) and the whole recipe. A
+    pretrained model is remembered by its folder (model.pretrained), which export reads again for the
+    frozen weights a LoRA checkpoint leaves out."""
+    lora = recipe.lora.model_dump() if recipe.lora is not None else None
+    if isinstance(model, GPT):
+        return {"model": model.cfg.to_dict(), "lora": lora, "tokenizer": recipe.tokenizer, "recipe": recipe.dump()}
+    return {"model": dict(recipe.model), "lora": lora, "tokenizer": recipe.model["pretrained"],
+            "recipe": recipe.dump()}
 
 
 def train(recipe: Recipe) -> int:

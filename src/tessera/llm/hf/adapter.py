@@ -29,8 +29,7 @@ class HFCausalLM(nn.Module):
     def __init__(self, hf: nn.Module, max_seq_len: int | None = None) -> None:
         super().__init__()
         self.hf = hf
-        config = hf.config
-        self.max_seq_len = max_seq_len or min(getattr(config, "max_position_embeddings", 2048) or 2048, 4096)
+        self.max_seq_len = max_seq_len or default_seq_len(hf.config)
 
     @property
     def config(self) -> Any:
@@ -68,6 +67,12 @@ class HFCausalLM(nn.Module):
         layers = getattr(config, "num_hidden_layers", 0) or 0
         hidden = getattr(config, "hidden_size", 0) or 0
         return 6 * self.num_params() + 12 * layers * hidden * (seq_len or self.max_seq_len)
+
+
+def default_seq_len(config: Any) -> int:
+    """A training length for a transformers config: its max_position_embeddings, at most 4096 (long-context
+    models advertise 128k positions that no fine-tuning batch should default to)."""
+    return min(getattr(config, "max_position_embeddings", None) or 2048, 4096)
 
 
 def hf_blocks(model: nn.Module) -> list[nn.Module]:

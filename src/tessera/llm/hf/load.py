@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from tessera.llm.hf.adapter import HFCausalLM
+from tessera.llm.hf.adapter import HFCausalLM, default_seq_len
 from tessera.llm.hf.cache import local_model_folder
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec
 from tessera.llm.hf.lora import add_lora
@@ -84,3 +84,19 @@ def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausa
     if lora is not None:
         add_lora(model, lora)
     return model, load_hf_tokenizer(folder)
+
+
+def pretrained_seq_len(spec: PretrainedSpec) -> int:
+    """`spec.max_seq_len`, else the model's max_position_embeddings capped at 4096 (from config.json)."""
+    if spec.max_seq_len:
+        return spec.max_seq_len
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(local_model_folder(spec.pretrained, spec.cache_dir)),
+                                        local_files_only=True)
+    return default_seq_len(config)
+
+
+def pretrained_tokenizer(spec: PretrainedSpec) -> Any:
+    """The tokenizer saved with the pretrained model (its chat template included)."""
+    return load_hf_tokenizer(local_model_folder(spec.pretrained, spec.cache_dir))
