@@ -83,7 +83,8 @@ class RowAddresses:
     docstring). `see` each shard of a batch (with the reader just returned for it), then `copy`."""
 
     def __init__(self) -> None:
-        self._readers: list[weakref.ref[ShardReader] | None] = []
+        # per shard, the reader its entry was made from (weakly: the open readers are `OpenShards`'s)
+        self._made_from: list[weakref.ref[ShardReader] | None] = []
         self._layout_id = np.full(0, -1, np.int64)  # index into _layouts; -1: not all columns fixed-size
         self._stride = np.zeros(0, np.int64)
         self._base = np.zeros((0, 1), np.int64)  # (shard, column)
@@ -94,8 +95,8 @@ class RowAddresses:
     def see(self, shard: int, reader: ShardReader) -> int:
         """Record where `reader` (the open reader of `shard`) keeps its rows; its layout id, or -1 if its
         columns are not all fixed-size (the batch is then decoded instead)."""
-        if shard < len(self._readers):
-            ref = self._readers[shard]
+        if shard < len(self._made_from):
+            ref = self._made_from[shard]
             if ref is not None and ref() is reader:
                 return int(self._layout_id[shard])
         self._set(shard, reader)
@@ -124,13 +125,13 @@ class RowAddresses:
 
     def _set(self, shard: int, reader: ShardReader) -> None:
         table = row_table(reader)
-        if shard >= len(self._readers):
-            grow = max(shard + 1, 2 * len(self._readers), 64)
-            self._readers += [None] * (grow - len(self._readers))
+        if shard >= len(self._made_from):
+            grow = max(shard + 1, 2 * len(self._made_from), 64)
+            self._made_from += [None] * (grow - len(self._made_from))
             self._layout_id = np.concatenate([self._layout_id, np.full(grow - len(self._layout_id), -1, np.int64)])
             self._stride = np.concatenate([self._stride, np.zeros(grow - len(self._stride), np.int64)])
             self._base = np.concatenate([self._base, np.zeros((grow - len(self._base), self._base.shape[1]), np.int64)])
-        self._readers[shard] = weakref.ref(reader)
+        self._made_from[shard] = weakref.ref(reader)
         self._layout_id[shard] = -1
         if table is None:
             return
