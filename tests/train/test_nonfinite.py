@@ -4,7 +4,10 @@ The reference run skips the same steps by construction (its optimizer does not s
 
 from __future__ import annotations
 
+import os
+import socket
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,6 +35,8 @@ def loss_fn(poison: set[int], kind: str):
         if int(step[0]) in poison:
             if kind == "loss":
                 return value * float("nan")
+            if kind == "loss_only":  # a NaN loss whose gradient is finite
+                return value + value.detach() * float("nan")
             # a finite loss whose gradient is NaN: d sqrt(0 * w)/dw = inf * 0
             return value + 1e-30 * torch.sqrt(0 * next(model.parameters()).sum())
         return value
@@ -116,6 +121,33 @@ def test_more_skipped_steps_than_allowed_stop_the_run() -> None:
 def test_the_default_still_stops_at_the_first_nonfinite_step() -> None:
     with pytest.raises(NonFiniteError, match="NaN or infinite at batch 3"):
         run("adamw", {3})
+
+
+def _ddp_rank(rank: int, port: int, out: str) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    seed_all(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    metrics = Metrics()
+    trainer = Trainer(model, torch.optim.AdamW(model.parameters(), lr=0.05), train_dataloader=batches()[:6],
+                      loss_fn=loss_fn({3} if rank == 0 else set(), "loss_only"), callbacks=[metrics], max_duration="6ba",
+                      loggers=[], device="cpu", parallelism="ddp", on_nonfinite="skip")
+    trainer.fit()
+    torch.save({"weights": trainer.model.state_dict(), "skipped": [m["train/skipped_steps"] for m in metrics.logged]},
+               f"{out}/rank{rank}.pt")
+    trainer.close()
+
+
+def test_under_ddp_every_rank_skips_when_one_ranks_loss_is_nan(tmp_path: Path) -> None:
+    """Only rank 0's loss is NaN and the averaged gradients are finite: rank 1 must skip too."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(_ddp_rank, args=(port, str(tmp_path)), nprocs=2)
+    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    assert a["skipped"] == b["skipped"] == [0, 0, 1, 1, 1, 1]
+    for name, value in a["weights"].items():
+        assert torch.equal(value, b["weights"][name]) and torch.isfinite(value).all(), name
 
 
 def test_skip_under_float16_joins_the_scalers_overflow_check() -> None:
