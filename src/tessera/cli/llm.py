@@ -5,6 +5,7 @@ torch is imported inside the commands that need it, so `tessera --help` stays fa
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from typing import Any
@@ -61,7 +62,16 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
          tokenizer: str = typer.Option(..., help="Tokenizer JSON, or 'byte'."),
          seq_len: int = typer.Option(2048, help="Tokens per sample window."),
          text_field: str = typer.Option("text", help="Field holding the text (JSONL, Parquet)."),
-         fmt: str = typer.Option(None, "--format", help="text (a document per file), lines, jsonl, parquet."),
+         fmt: str = typer.Option(None, "--format", help="A corpus cut into windows: text (a document per file), "
+                                                         "lines, jsonl, parquet. Fine-tuning examples, one per "
+                                                         "row or packed: chat, instruction, auto (by the keys), "
+                                                         "or text with --pack/--no-pack."),
+         pack: bool = typer.Option(None, "--pack/--no-pack", help="Examples: several per row with attention kept "
+                                                                  "inside each (default), or one per row, padded."),
+         loss_on: str = typer.Option("all_assistant", help="Examples: loss on all_assistant replies (the "
+                                                           "response), last_assistant, or all tokens."),
+         truncation: str = typer.Option("prompt_first", help="Examples longer than --seq-len: prompt_first "
+                                                             "(cut the prompt side first) or drop."),
          suffix: list[str] = typer.Option(None, help="Only text files with this suffix (.py); repeatable."),
          val_fraction: float = typer.Option(0.01, help="Fraction of documents held out for validation."),
          workers: int = typer.Option(1, help="Tokenizing processes (the output does not depend on it)."),
@@ -69,8 +79,16 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
          size_limit: str = typer.Option("64mb", help="Shard size limit."),
          overwrite: bool = typer.Option(False, help="Replace existing datasets at OUT."),
          as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
-    """Tokenize a corpus, append EOS after each document, cut fixed windows, write train/val MDS."""
+    """Tokenize a corpus, append EOS after each document, cut fixed windows, write train/val MDS; or
+    (--format chat|instruction|auto, --pack/--no-pack) encode fine-tuning examples with loss masks."""
     from tessera.llm.prep import prep as run_prep
+
+    if fmt in EXAMPLE_FORMATS or pack is not None:
+        _prep_examples(input, out_url, tokenizer, seq_len=seq_len, fmt=fmt, pack=pack is not False,
+                       loss_on=loss_on, truncation=truncation, text_field=text_field, val_fraction=val_fraction,
+                       workers=workers, compression=compression, size_limit=size_limit, overwrite=overwrite,
+                       as_json=as_json)
+        return
 
     try:
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -102,6 +120,34 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
                   f"{summary.documents_per_split[split]:,} documents -> {out_url.rstrip('/')}/{split}")
     if summary.windows["val"] == 0 and val_fraction > 0:
         err.print("[yellow]warning:[/yellow] the val split is empty; raise --val-fraction or add documents")
+
+
+EXAMPLE_FORMATS = ("chat", "instruction", "auto")
+
+
+def _prep_examples(input: str, out_url: str, tokenizer: str, *, fmt: str | None, pack: bool, as_json: bool,
+                   overwrite: bool, **options: Any) -> None:
+    """`prep` of fine-tuning examples (tessera.llm.finetune.prep)."""
+    from tessera.llm.finetune.loader import describe
+    from tessera.llm.finetune.prep import prep_examples
+
+    if fmt == "lines":
+        fail(ValueError("--format lines is a corpus format; fine-tuning examples are chat, instruction, text "
+                        "or auto records (JSONL, Parquet)"))
+    kind = fmt if fmt in (*EXAMPLE_FORMATS, "text") else "auto"
+    try:
+        with err.status(f"encoding {kind} examples from {input}") if not as_json else contextlib.nullcontext():
+            summary = prep_examples(input, out_url, tokenizer, fmt=kind, pack=pack,
+                                    mode="overwrite" if overwrite else "create", **options)
+    except DatasetExists as exc:
+        fail(exc.for_overwrite_only())
+    except ERRORS as exc:
+        fail(exc)
+    if as_json:
+        typer.echo(json.dumps(summary.to_dict()))
+        return
+    err.print(f"{describe(summary.to_dict())} in {summary.seconds:.1f}s -> {out_url.rstrip('/')}/"
+              f"{{{','.join(s for s, n in summary.rows.items() if n or s == 'train')}}}")
 
 
 def _load(path: str, tokenizer: str | None) -> tuple[Any, Any]:
@@ -215,11 +261,29 @@ def _load_model_only(path: str) -> Any:
 @app.command()
 def export(path: str = typer.Argument(..., metavar="CHECKPOINT"),
            out_url: str = typer.Argument(..., metavar="OUT", help="Folder or bucket URL for the export."),
-           tokenizer: str = typer.Option(None, help="Tokenizer JSON or 'byte' (default: the run's).")) -> None:
-    """Save a checkpoint's model as safetensors + config.json (+ tokenizer.json)."""
+           tokenizer: str = typer.Option(None, help="Tokenizer JSON or 'byte' (default: the run's)."),
+           fmt: str = typer.Option("tessera", "--format", help="tessera (safetensors + Tessera's config.json) "
+                                                               "or hf (a transformers folder; LoRA merged)."),
+           adapter_only: bool = typer.Option(False, "--adapter-only", help="With --format hf: only the LoRA "
+                                             "adapter, as PeftModel.from_pretrained(base, OUT) loads it.")) -> None:
+    """Save a checkpoint's model: Tessera's format, or with --format hf one transformers and peft load."""
     from tessera.llm.export import load_model, save_pretrained
     from tessera.llm.tokenizer import load_tokenizer
 
+    if fmt not in ("tessera", "hf"):
+        fail(ValueError(f"--format must be tessera or hf, got {fmt!r}"))
+    if adapter_only and fmt != "hf":
+        fail(ValueError("--adapter-only needs --format hf"))
+    if fmt == "hf":
+        from tessera.llm.hf.export import export_hf
+
+        try:
+            url = export_hf(path, out_url, adapter_only=adapter_only,
+                            tokenizer=load_tokenizer(tokenizer) if tokenizer else None)
+        except ERRORS as exc:
+            fail(exc)
+        err.print(f"exported {'the LoRA adapter' if adapter_only else 'a transformers model'} to {url}")
+        return
     try:
         model, tok = load_model(path)
         if tokenizer:

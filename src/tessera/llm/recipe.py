@@ -33,10 +33,11 @@ from pydantic import (
     model_validator,
 )
 
+from tessera.llm.finetune.config import ExampleSource
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.model import NAMED_CONFIGS, GPTConfig
 from tessera.llm.recipe_required import must_be_set_message, unset_keys
-from tessera.stream.config import StreamingConfig
+from tessera.stream.config import StreamConfig, StreamingConfig
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
 from tessera.train.time import Time
 from tessera.typed_config import error_lines
@@ -72,8 +73,11 @@ def fields_of(source: type[BaseModel], name: str, *, base: type[BaseModel], excl
     return create_model(name, __base__=base, __doc__=source.__doc__, __module__=__name__, **fields)
 
 
-class LoaderSpec(StreamingConfig):
-    """A loader of the run: the stream layer's dataset options, plus how token columns decode."""
+class LoaderSpec(StreamingConfig, ExampleSource):
+    """A loader of the run: the stream layer's dataset options, plus how token columns decode; or, with
+    `path`, fine-tuning examples prepared on the fly (llm/finetune/config.py)."""
+
+    streams: list[StreamConfig] = Field(default_factory=list, description="The datasets to mix (or set path).")
 
     # How LLM Foundry's older `bytes` token columns decode (its own option's name and default; llm/tokens.py)
     token_encoding_type: Literal["int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"] = Field(

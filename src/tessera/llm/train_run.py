@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tessera.llm.finetune.loader import example_loader
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
 from tessera.llm.hf.load import load_hf, pretrained_seq_len, pretrained_tokenizer
 from tessera.llm.hf.lora import add_lora
@@ -20,6 +21,7 @@ from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
 from tessera.llm.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from tessera.llm.tokens import token_collate, tokens_encoding
 from tessera.shards import ShardError
+from tessera.shards.sources import SourceError
 from tessera.storage import StorageError
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
@@ -34,12 +36,17 @@ class DataUnavailable(RuntimeError):
 
     @classmethod
     def of(cls, section: str, exc: Exception) -> DataUnavailable:
+        if isinstance(exc, SourceError):  # the examples of `path` cannot be read
+            return cls(f"{section}.path: {exc}")
         hint = (f"; point {section}.streams.0.remote at a dataset (`tessera llm prep` makes one)"
                 if isinstance(exc, FileNotFoundError) else "")
         return cls(f"{section}.streams: {exc}{hint}")
 
 
-def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int) -> StreamingDataLoader:
+def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int, tokenizer: Any = None,
+                 section: str = "data.train") -> StreamingDataLoader:
+    if spec.path:  # fine-tuning examples: prepared once into a local cache, then streamed like streams
+        return example_loader(spec, batch_size, seq_len, tokenizer, section)
     ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
                           columns=["tokens"], **spec.dataset_options())
     # Tessera's fixed windows stack as they are; LLM Foundry's ndarray:int32 / bytes tokens need a collate.
@@ -96,16 +103,16 @@ def make_trainer(recipe: Recipe) -> Trainer:
     tokenizer = recipe_tokenizer(recipe)
     seq_len = model_seq_len(recipe)
     try:
-        train = build_loader(recipe.data.train, per_device, seq_len)
-    except (ShardError, StorageError) as exc:
+        train = build_loader(recipe.data.train, per_device, seq_len, tokenizer)
+    except (ShardError, StorageError, SourceError) as exc:
         raise DataUnavailable.of("data.train", exc) from exc
     evals = None
     if recipe.data.eval is not None:
         mb = recipe.device_train_microbatch_size
         try:
             evals = build_loader(recipe.data.eval, recipe.data.eval.batch_size or
-                                 (mb if isinstance(mb, int) else per_device), seq_len)
-        except (ShardError, StorageError) as exc:
+                                 (mb if isinstance(mb, int) else per_device), seq_len, tokenizer, "data.eval")
+        except (ShardError, StorageError, SourceError) as exc:
             raise DataUnavailable.of("data.eval", exc) from exc
     seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
     model = build_model(recipe, tokenizer.vocab_size)

@@ -61,4 +61,5 @@ def padding_share(batch: dict[str, torch.Tensor]) -> float:
         real = batch["attention_mask"].sum().item()
     else:
         real = (batch["sequence_ids"] >= 0).sum().item()
-    return 1.0 - real / batch["tokens"].numel()
+    total = batch["tokens"].numel()
+    return (total - real) / total

@@ -45,7 +45,7 @@ class ExampleSource(BaseModel):
         streams = getattr(self, "streams", None)
         if self.path and streams:
             raise ValueError("set either path (fine-tuning examples, prepared on the fly) or streams (prepared "
-                             "MDS datasets), not both")
+                             "MDS datasets), not both (to replace a recipe's streams by a path, add streams=[])")
         if not self.path and streams is not None and not streams:
             raise ValueError("streams: set the datasets to stream (streams: [{remote: ...}]) or, for "
                              "fine-tuning examples, path: FILE.jsonl")

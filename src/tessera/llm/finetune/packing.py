@@ -36,7 +36,7 @@ class Row:
     padding: int
 
 
-@dataclass
+@dataclass(eq=False)  # rows are told apart by identity
 class _Open:
     tokens: list[np.ndarray] = field(default_factory=list)
     losses: list[np.ndarray] = field(default_factory=list)
@@ -53,6 +53,14 @@ def pad_columns(seq_len: int, token_dtype: np.dtype) -> dict[str, str]:
     """The MDS columns of padded rows."""
     return {"tokens": f"ndarray:{token_dtype.name}:{seq_len}", "loss_mask": f"ndarray:uint8:{seq_len}",
             "attention_mask": f"ndarray:uint8:{seq_len}"}
+
+
+def _first_not_target(loss: np.ndarray) -> np.ndarray:
+    """The mask with the example's first token not a target: nothing of the example comes before it."""
+    if loss[0]:
+        loss = loss.copy()
+        loss[0] = False
+    return loss
 
 
 class RowBuilder:
@@ -74,7 +82,7 @@ class RowBuilder:
         if not 0 < n <= self.seq_len:
             raise ValueError(f"an example of {n} tokens does not fit rows of {self.seq_len}")
         if not self.pack:
-            yield self._row(_Open([tokens], [loss], n))
+            yield self._row(_Open([tokens], [_first_not_target(loss)], n))
             return
         target = next((r for r in self.rows if r.used + n <= self.seq_len), None)
         if target is None:
@@ -83,7 +91,7 @@ class RowBuilder:
             target = _Open()
             self.rows.append(target)
         target.tokens.append(tokens)
-        target.losses.append(loss)
+        target.losses.append(_first_not_target(loss))
         target.used += n
         if target.used == self.seq_len:
             self.rows.remove(target)
