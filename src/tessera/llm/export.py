@@ -105,7 +105,7 @@ def model_config_from_run(run_config: dict[str, Any]) -> GPTConfig:
     return GPTConfig.from_dict({k: v for k, v in section.items() if k in known})
 
 
-def _tokenizer_from_run(run_config: dict[str, Any]) -> Tokenizer | None:
+def tokenizer_from_run(run_config: dict[str, Any]) -> Tokenizer | None:
     spec = run_config.get("tokenizer")
     if isinstance(spec, dict):
         spec = spec.get("path") or spec.get("name")
@@ -123,6 +123,16 @@ def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu",
     store = open_store(path)
     if _read_config(store) is not None:
         return load_pretrained(store, device)
+    state = checkpoint_weights(path)
+    model = GPT(model_config_from_run(state.get("config") or {}))
+    weights = state["model"]
+    model.load_state_dict(weights)
+    return model.to(device).eval(), tokenizer_from_run(state.get("config") or {})
+
+
+def checkpoint_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The weights-only state of a checkpoint folder (or the newest under a run's checkpoint root), with
+    the keys of DDP and torch.compile wrappers stripped; "config" is the run config it was saved with."""
     from tessera.train.checkpoint import CheckpointManager
 
     manager = CheckpointManager(os.fspath(path))
@@ -132,10 +142,8 @@ def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu",
         raise ExportError(f"{path}: neither a model export (no {CONFIG}) nor a loadable checkpoint: {exc}") from exc
     finally:
         manager.close()
-    model = GPT(model_config_from_run(state.get("config") or {}))
-    weights = {_strip_prefixes(k): v for k, v in state["model"].items()}
-    model.load_state_dict(weights)
-    return model.to(device).eval(), _tokenizer_from_run(state.get("config") or {})
+    state["model"] = {_strip_prefixes(k): v for k, v in state["model"].items()}
+    return state
 
 
 def _strip_prefixes(key: str) -> str:

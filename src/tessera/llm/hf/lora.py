@@ -49,6 +49,9 @@ def merge_lora(model: nn.Module) -> nn.Module:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         setattr(parent, child, module.get_base_layer())
+    for module in model.modules():  # peft's marker: transformers would save only adapters while it is there
+        if "peft_config" in vars(module):
+            del module.peft_config
     for param in model.parameters():
         param.requires_grad_(True)
     return model
