@@ -105,10 +105,17 @@ def is_distributed() -> bool:
 
 
 def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The submodules FSDP2 shards on their own: `model.fsdp_units()` if the model defines it, else every
-    element of every `nn.ModuleList` (transformer blocks). The root is always sharded last, on top."""
-    if hasattr(model, "fsdp_units"):
-        return list(model.fsdp_units())
+    """The submodules FSDP2 shards on their own, as the model says what its blocks are: its `fsdp_units()`
+    or `blocks()` method; else the modules of the classes a Hugging Face model lists in
+    `_no_split_modules` (its decoder layers); else every element of every `nn.ModuleList` (transformer
+    blocks). The root is always sharded last, on top."""
+    for name in ("fsdp_units", "blocks"):
+        method = getattr(model, name, None)
+        if callable(method) and not isinstance(method, torch.nn.Module):  # a method, not a `blocks` ModuleList
+            return list(method())
+    no_split = {name for module in model.modules() for name in (getattr(module, "_no_split_modules", None) or ())}
+    if no_split:
+        return [module for module in model.modules() if type(module).__name__ in no_split]
     units = []
     for module in model.modules():
         if isinstance(module, torch.nn.ModuleList):

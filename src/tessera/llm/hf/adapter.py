@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tessera.train.distributed import fsdp_units
+
 IGNORE_INDEX = -100
 OPTIONAL_INPUTS = ("position_ids", "attention_mask")
 
@@ -56,7 +58,7 @@ class HFCausalLM(nn.Module):
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers: modules of the classes transformers says must not be split."""
-        return hf_blocks(self.hf)
+        return fsdp_units(self.hf)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -74,10 +76,3 @@ def default_seq_len(config: Any) -> int:
     models advertise 128k positions that no fine-tuning batch should default to)."""
     return min(getattr(config, "max_position_embeddings", None) or 2048, 4096)
 
-
-def hf_blocks(model: nn.Module) -> list[nn.Module]:
-    """Modules whose class a transformers model names in `_no_split_modules` (its decoder layers)."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
