@@ -11,6 +11,10 @@ from typing import Any
 
 from tessera.llm.finetune.batch import ExampleBatch
 from tessera.llm.finetune.cache import prepared
+from tessera.llm.finetune.chat import ChatTemplateError
+from tessera.llm.finetune.examples import ExampleError
+from tessera.llm.tokenizer import TokenizerError
+from tessera.shards.inputs import InputNotFound
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.stream.world import resolve_world
 
@@ -18,9 +22,12 @@ from tessera.stream.world import resolve_world
 def example_loader(spec: Any, batch_size: int, seq_len: int, tokenizer: Any,
                    section: str = "data.train") -> StreamingDataLoader:
     """The loader of a recipe section with `path` (an `ExampleSource` that is also a `StreamingConfig`)."""
-    folder, summary = prepared(spec.path, tokenizer, seq_len=seq_len, fmt=spec.format, loss_on=spec.loss_on,
-                               truncation=spec.truncation, pack=spec.pack, text_field=spec.text_field,
-                               cache_root=spec.prep_cache)
+    try:
+        folder, summary = prepared(spec.path, tokenizer, seq_len=seq_len, fmt=spec.format, loss_on=spec.loss_on,
+                                   truncation=spec.truncation, pack=spec.pack, text_field=spec.text_field,
+                                   cache_root=spec.prep_cache)
+    except (ExampleError, ChatTemplateError, TokenizerError, InputNotFound) as exc:  # name the recipe key
+        raise type(exc)(f"{section}.path: {exc}") from None
     if resolve_world().rank == 0:
         sys.stderr.write(f"{section}: {describe(summary)} ({folder})\n")
     collate = ExampleBatch(packed=spec.pack)
