@@ -28,6 +28,7 @@ UNSUPPORTED_BATCHING: tuple[str, ...] = ()
 
 
 def check_batching_method(method: str) -> str:
+    """`method`, if it is one of `BATCHING_METHODS` (else ValueError naming them)."""
     if method in UNSUPPORTED_BATCHING:
         raise NotImplementedError(f"batching_method={method!r} is not supported (docs/streaming.md)")
     if method not in BATCHING_METHODS:
