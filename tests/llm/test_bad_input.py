@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
@@ -176,3 +176,54 @@ def test_any_override_fails_cleanly_and_writes_nothing_outside(tmp_path: Path, k
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in result.output
     assert sorted(os.listdir(tmp_path)) == before
+
+
+# --print-config with several overrides at once: deeper paths, list positions past the end, YAML tags,
+# anchors and garbage. It either prints a config that validates again (exit 0) or fails in one line.
+SCHEMA_KEYS = _key_paths(Recipe)
+DEEP_KEYS = st.builds(lambda key, tail: f"{key}.{tail}", st.sampled_from(SCHEMA_KEYS),
+                      st.sampled_from(["x", "0", "7", "name.deeper", "streams.0", "-1", "remote.split"]))
+LIST_KEYS = st.builds(lambda section, i, field: f"data.{section}.streams.{i}.{field}",
+                      st.sampled_from(["train", "eval"]), st.sampled_from(["0", "1", "99", "-1", "x", "0x0", "١"]),
+                      st.sampled_from(["remote", "split", "proportion", "repeat", "choose", "nope"]))
+TAGGED = st.sampled_from(["!!python/object/apply:os.system ['touch pwned']", "!!python/name:os.system",
+                          "!!binary aGVsbG8=", "!!set {a, b}", "!!timestamp 2001-12-14", "!!float nan",
+                          "&a [*a]", "*undefined", "!custom x", "{<<: {a: 1}}", "!!str 5", "!!int 0x1F",
+                          "[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]", "'unterminated", "{a: [}", "~", ""])
+GARBAGE = st.one_of(TAGGED, st.text(max_size=40), st.integers(-10**30, 10**30).map(str),
+                    st.floats(allow_nan=True, allow_infinity=True).map(repr),
+                    st.sampled_from(["0ba", "1ba", "10ep", "1e999tok", "0.5dur", "auto", "null", "true", "[]",
+                                     "{}", "s3:/b/x", "s3://b/x", "../../escape", "/abs/path", "???"]))
+OVERRIDES = st.lists(st.builds(lambda key, value: f"{key}={value}",
+                               st.one_of(st.sampled_from(SCHEMA_KEYS), DEEP_KEYS, LIST_KEYS, st.text(max_size=15)),
+                               GARBAGE), min_size=1, max_size=4)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(overrides=OVERRIDES)
+@example(overrides=["seed=5", "data.train.streams.0.remote=s3://b/x"])  # the exit-0 branch, at least once
+@example(overrides=["data.eval.streams.3.remote=./x", "model=!!python/object/apply:os.system ['touch pwned']"])
+@example(overrides=["max_duration=&a [*a]"])  # a list that contains itself
+@example(overrides=["loggers=[[1]]"])  # an unhashable logger name
+def test_print_config_under_random_overrides(tmp_path: Path, overrides: list[str]) -> None:
+    """exit 0 with a config that validates again, or 1/2 with one `error:` line; never a traceback, and
+    nothing written anywhere (the working folder is a fresh one inside tmp_path)."""
+    import yaml
+
+    work = tmp_path / "print-config"
+    work.mkdir(exist_ok=True)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    cwd = os.getcwd()
+    os.chdir(work)
+    try:
+        result = train("tiny-cpu.yaml", *overrides, "--print-config")
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code in (0, 1, 2), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+    if result.exit_code == 0:
+        Recipe.model_validate(yaml.safe_load(result.stdout))  # what was printed is a valid recipe
+    elif not (result.exit_code == 2 and "No such option" in result.output):  # click's own usage error ("-x=1")
+        assert len([line for line in result.output.splitlines() if line.startswith("error:")]) == 1, result.output

@@ -16,8 +16,11 @@ _EXAMPLES = {"remote": "s3://bucket/path", "local": "/tmp/cache", "save_folder":
              "load_path": "s3://bucket/runs/NAME/checkpoints/latest", "tokenizer": "./tokenizer.json"}
 
 
-def unset_keys(tree: Any, prefix: str = "") -> list[str]:
-    """The dotted path of every value that is the `???` marker, in the recipe's order."""
+def unset_keys(tree: Any, prefix: str = "", _open: frozenset[int] = frozenset()) -> list[str]:
+    """The dotted path of every value that is the `???` marker, in the recipe's order. A YAML alias can
+    make a list contain itself (`&a [*a]`); such a cycle is walked once (the schema refuses it later)."""
+    if isinstance(tree, (dict, list)) and id(tree) in _open:
+        return []
     if isinstance(tree, dict):
         items = ((str(key), value) for key, value in tree.items())
     elif isinstance(tree, list):
@@ -26,7 +29,7 @@ def unset_keys(tree: Any, prefix: str = "") -> list[str]:
         return [prefix] if isinstance(tree, str) and tree.strip() == MUST_SET else []
     found: list[str] = []
     for key, value in items:
-        found += unset_keys(value, f"{prefix}.{key}" if prefix else key)
+        found += unset_keys(value, f"{prefix}.{key}" if prefix else key, _open | {id(tree)})
     return found
 
 

@@ -180,7 +180,7 @@ def _loggers(value: Any) -> list[Any]:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"loggers must be a list of names or Logger instances, got {value!r}")
     for spec in value:
-        if not isinstance(spec, Logger) and spec not in LOGGERS:
+        if not isinstance(spec, Logger) and not (isinstance(spec, str) and spec in LOGGERS):  # [1] is unhashable
             raise ValueError(f"loggers: unknown logger {spec!r}; use one of {sorted(LOGGERS)} or a Logger instance")
     return list(value)
 
