@@ -121,3 +121,12 @@ def test_tokenizer_folder_round_trip(tmp_path) -> None:
     assert tok.has_own_template and tok.eos_id == with_template().convert_tokens_to_ids("</s>")
     assert tok.fingerprint() == load_example_tokenizer(with_template()).fingerprint()
     assert tok.fingerprint() != load_example_tokenizer(chatml_less()).fingerprint()
+
+
+@pytest.mark.parametrize("make", [chatml_less, with_template])
+def test_a_reply_that_opens_the_conversation_keeps_its_header_out_of_the_loss(make) -> None:
+    tok = make()
+    _, targets = tokens_and_targets(tok, {"messages": [{"role": "assistant", "content": "hello"},
+                                                       {"role": "user", "content": "hi"}]})
+    end = "<|im_end|>" if make is chatml_less else "</s>"
+    assert targets == ids(tok, f"hello {end}")

@@ -102,14 +102,25 @@ class ExampleTokenizer:
 
     def render(self, messages: Sequence[Message], add_generation_prompt: bool = False) -> str:
         if not messages:
-            return ""
-        if self.hf:
+            if not add_generation_prompt:
+                return ""
+            try:  # the header of a reply that opens the conversation
+                return self._render([], True)
+            except Exception:  # a template that needs a message (indexes messages[0]): no header then
+                return ""
+        return self._render(messages, add_generation_prompt)
+
+    def _render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        if self.hf and messages:
             return self.inner.apply_chat_template(list(messages), chat_template=self.template, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
+        # transformers' own renderer (apply_chat_template refuses an empty conversation), given the special
+        # tokens a template may write (bos_token...) as apply_chat_template gives them
         from transformers.utils.chat_template_utils import render_jinja_template
 
+        specials = dict(self.inner.special_tokens_map) if self.hf else {}
         rendered, _ = render_jinja_template([list(messages)], chat_template=self.template,
-                                            add_generation_prompt=add_generation_prompt)
+                                            add_generation_prompt=add_generation_prompt, **specials)
         return rendered[0]
 
     def segments(self, messages: Sequence[Message]) -> list[Segment] | None:
@@ -122,7 +133,7 @@ class ExampleTokenizer:
             if not full.startswith(done):
                 return None
             if message.get("role") == "assistant":
-                header = self.render(messages[:i], add_generation_prompt=True) if i else ""
+                header = self.render(messages[:i], add_generation_prompt=True)
                 if not header.startswith(done):
                     return None
                 # the header is what both renders share (a template may add its header differently)

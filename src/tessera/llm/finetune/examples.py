@@ -86,7 +86,8 @@ def _messages(value: Any, where: str) -> list[dict[str, Any]]:
     for i, m in enumerate(value):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise ExampleError(f"{where}: messages[{i}] must be an object with a 'role' and a 'content'")
-        _text(m["content"], f"messages[{i}].content", where)
+        if m["content"] is not None:  # None: a tool-call turn, whose template writes the call
+            _text(m["content"], f"messages[{i}].content", where)
         out.append(dict(m))
     return out
 
