@@ -304,13 +304,14 @@ def _nested_models(annotation: Any) -> list[type[BaseModel]]:
 
 
 def _did_you_mean(loc: tuple[Any, ...]) -> str:
-    """A sibling key spelled alike (`optimizer.lrr`), else a key elsewhere with that name (`lr` -> `optimizer.lr`)."""
+    """A key elsewhere with exactly that name (`lr` -> `optimizer.lr`, not the sibling `lora`), else a sibling
+    spelled alike (`optimizer.lrr`), else a key elsewhere whose name holds it or is spelled alike."""
     name = str(loc[-1])
-    close = difflib.get_close_matches(name, _field_names(Recipe, loc), n=1)
-    if close:
-        return ".".join([*map(str, loc[:-1]), close[0]])
     paths = _key_paths(Recipe)
     same = [p for p in paths if p.rsplit(".", 1)[-1] == name]
+    close = difflib.get_close_matches(name, _field_names(Recipe, loc), n=1)
+    if close and not same:
+        return ".".join([*map(str, loc[:-1]), close[0]])
     words = [p for p in paths if name in p.rsplit(".", 1)[-1].split("_")]  # keep -> ..._to_keep
     if same or words:
         return (same or words)[0]
