@@ -147,3 +147,28 @@ def test_cli(tmp_path: Path) -> None:
     res = runner.invoke(app, ["llm", "prep", str(data), str(tmp_path / "o3"), "--format", "auto", "--tokenizer",
                               "byte", "--loss-on", "some"])
     assert res.exit_code != 0 and "loss_on must be one of" in res.output
+
+
+def test_one_process_prepares_while_the_others_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ranks sharing a cache: the first takes the lock and prepares, the rest block on it, then reuse."""
+    import threading
+
+    import tessera.llm.finetune.cache as cache
+
+    data = write_examples(tmp_path / "in", files=1, per_file=8)
+    calls: list[int] = []
+    real = cache.prep_examples
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "prep_examples", counted)
+    folders: list[Path] = []
+    threads = [threading.Thread(target=lambda: folders.append(
+        prepared(str(data), "byte", seq_len=64, cache_root=tmp_path / "c")[0])) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(set(folders)) == 1 and len(folders) == 3
