@@ -68,7 +68,7 @@ def test_tearing_one_cluster_down_leaves_the_other_running(two_clusters: tuple[S
     assert set(first.nodes).isdisjoint(second.nodes)       # the cgroups are named after the nodes
     theirs, ours = pids_of(first.folder), pids_of(second.folder)
     assert theirs["munged"] != ours["munged"]
-    job = {c.folder: c.run("sbatch", "--parsable", "-N1", "--wrap", "sleep 300").strip() for c in (first, second)}
+    job = {c.folder: c.run("sbatch", "--parsable", "-N1", f"--output={c.folder}/job-%j.out", "--wrap", "sleep 300").strip() for c in (first, second)}
 
     def state(cluster: SlurmCluster) -> str:
         return cluster.run("squeue", "-h", "-j", job[cluster.folder], "-o", "%T", check=False).strip()
