@@ -65,6 +65,9 @@ def tiny_llama(folder: Path, seed: int = 0, vocab_size: int | None = None, token
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          tie_word_embeddings=False)
     model = LlamaForCausalLM(config)
+    # A random output layer at transformers' init (std 0.02) spans logits of about +-0.5 whatever the hidden
+    # state: a frozen one would cap what LoRA can learn, so it is drawn wider, as a trained one is.
+    torch.nn.init.normal_(model.lm_head.weight, std=0.3)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

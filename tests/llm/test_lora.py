@@ -131,3 +131,26 @@ def test_qlora_on_cpu_is_a_one_line_error(llama):
     with pytest.raises(QuantizationUnavailable, match="needs a CUDA GPU") as info:
         load_hf(PretrainedSpec(pretrained=str(llama)), LoraSpec(quantize_base="4bit"))
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["finetune-lora-tiny.yaml", "finetune-lora-llama-8b.yaml",
+                                  "finetune-full-llama-8b.yaml"])
+def test_shipped_finetune_recipes_validate_once_their_must_set_keys_are_given(name):
+    from tessera.llm.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match="model.pretrained must be set"):
+        load_recipe(name)
+    recipe = load_recipe(name, ["model.pretrained=s3://b/model", "data.train.path=s3://b/chat.jsonl",
+                                "save_folder=s3://b/runs"])
+    assert recipe.model["pretrained"] == "s3://b/model"
+    assert (recipe.lora is None) == ("full" in name)
+
+
+def test_recipe_model_section_of_a_pretrained_model_is_checked():
+    from tessera.llm.recipe import RecipeError
+
+    with pytest.raises(RecipeError, match="dtype"):
+        load_recipe("finetune-lora-tiny.yaml", ["model.pretrained=./m", "data.train.path=x.jsonl",
+                                                "model.dtype=float8"])
+    with pytest.raises(RecipeError, match="lora.rank"):
+        load_recipe("finetune-lora-tiny.yaml", ["model.pretrained=./m", "data.train.path=x.jsonl", "lora.rank=0"])
