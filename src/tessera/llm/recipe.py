@@ -35,6 +35,7 @@ from pydantic import (
 
 from tessera.llm.finetune.config import ExampleSource
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
+from tessera.llm.icl.config import ICLSection
 from tessera.llm.model import NAMED_CONFIGS, GPTConfig
 from tessera.llm.recipe_required import must_be_set_message, unset_keys
 from tessera.stream.config import StreamConfig, StreamingConfig
@@ -102,8 +103,9 @@ TrainingKeys = fields_of(TrainerConfig, "TrainingKeys", base=Strict, exclude=set
                          **RECIPE_DEFAULTS)
 
 
-class Recipe(TrainingKeys):  # type: ignore[valid-type,misc]
-    """A training run. Times are strings with units: ba, ep, sp, tok, dur."""
+class Recipe(TrainingKeys, ICLSection):  # type: ignore[valid-type,misc]
+    """A training run. Times are strings with units: ba, ep, sp, tok, dur. In-context-learning tasks
+    (`icl_tasks`, `icl_subset_num_batches`, `eval_gauntlet`) are llm/icl/config.py's keys."""
 
     model: dict[str, Any] = Field(default_factory=lambda: {"name": "tiny"},
                                   description="GPT shape: name (tiny, mpt-125m...) and any GPTConfig field.")

@@ -16,6 +16,7 @@ from tessera.llm.finetune.loader import example_loader
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
 from tessera.llm.hf.load import load_hf, pretrained_seq_len, pretrained_tokenizer
 from tessera.llm.hf.lora import add_lora
+from tessera.llm.icl.callback import icl_evaluator
 from tessera.llm.model import GPT
 from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
 from tessera.llm.tokenizer import Tokenizer, TokenizerError, load_tokenizer
@@ -114,11 +115,13 @@ def make_trainer(recipe: Recipe) -> Trainer:
                                  (mb if isinstance(mb, int) else per_device), seq_len, tokenizer, "data.eval")
         except (ShardError, StorageError, SourceError) as exc:
             raise DataUnavailable.of("data.eval", exc) from exc
+    icl = icl_evaluator(recipe, tokenizer, seq_len, recipe.eval_interval, recipe.max_duration)  # reads task files
     seed_all(recipe.seed)  # the initial weights come from the recipe's seed, not from torch's random start
     model = build_model(recipe, tokenizer.vocab_size)
     optimizer = recipe.optimizer.build(trainable_parameters(model))
     schedule = recipe.scheduler.build()
     return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
+                   callbacks=[icl] if icl is not None else [],
                    run_config=run_config(recipe, model), config=recipe.trainer_config())
 
 

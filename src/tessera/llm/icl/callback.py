@@ -12,8 +12,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tessera.llm.icl.config import GauntletConfig
-from tessera.llm.icl.runner import PreparedTask, evaluate_icl
+from tessera.llm.icl.config import GauntletConfig, ICLSection
+from tessera.llm.icl.runner import PreparedTask, evaluate_icl, prepare_tasks
+from tessera.storage import StorageError
 from tessera.train.callbacks import Callback, TrainerView
 from tessera.train.checkpoint import unwrap_model
 from tessera.train.time import Time, Timestamp, interval_fires
@@ -65,3 +66,23 @@ class ICLEvaluator(Callback):
         if throughput is not None:  # scoring time is not training time
             throughput.start(trainer.timestamp.sample, trainer.timestamp.token)
         return metrics
+
+
+def icl_evaluator(section: ICLSection, tokenizer: Any, max_seq_len: int, interval: Time | str | None,
+                  max_duration: Time | str | None = None) -> ICLEvaluator | None:
+    """The callback a recipe's ICL keys ask for (None without `icl_tasks`), its task files read and
+    tokenized now, so a missing file fails before training starts; ICLTaskError names the task's key."""
+    if not section.icl_tasks:
+        return None
+    tasks = []
+    for i, cfg in enumerate(section.icl_tasks):
+        try:
+            tasks += prepare_tasks([cfg], tokenizer, max_seq_len)
+        except (OSError, ValueError, StorageError) as exc:
+            raise ICLTaskError(f"icl_tasks.{i}.dataset_uri ({cfg.label}): {exc}") from None
+    return ICLEvaluator(tasks, tokenizer, interval or "1ep", subset_num_batches=section.icl_subset_num_batches,
+                        gauntlet=section.eval_gauntlet, max_duration=max_duration)
+
+
+class ICLTaskError(ValueError):
+    """An ICL task that cannot be prepared (its file is missing or malformed); the message names the key."""
