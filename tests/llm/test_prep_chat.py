@@ -61,12 +61,13 @@ def test_same_bytes_whatever_the_number_of_workers(tmp_path: Path) -> None:
     tok_dir = tmp_path / "tok"
     chatml_less().save_pretrained(tok_dir)
     digests, summaries = [], []
-    for workers in (1, 2):
+    for workers, tokenizer in ((1, str(tok_dir)), (2, chatml_less())):  # a folder, or an object sent to workers
         out = tmp_path / f"out{workers}"
-        summary = prep_examples(data, out, str(tok_dir), seq_len=24, val_fraction=0.2, workers=workers,
+        summary = prep_examples(data, out, tokenizer, seq_len=24, val_fraction=0.2, workers=workers,
                                 size_limit="1kb")
         digests.append(dataset_digest(out))
-        summaries.append({k: v for k, v in summary.to_dict().items() if k not in ("seconds", "workers", "out")})
+        summaries.append({k: v for k, v in summary.to_dict().items()
+                          if k not in ("seconds", "workers", "out", "tokenizer")})
     assert digests[0] == digests[1] and len(digests[0]) > 4  # several shards per split
     assert summaries[0] == summaries[1]
     s = summaries[0]

@@ -10,16 +10,41 @@
 - `cache.py` and `config.py`: a recipe's `data.train.path`, prepared once into a local cache.
 - `batch.py`: the batch the loader yields (`tokens`, `labels`, `position_ids`/`sequence_ids` or
   `attention_mask`) and what a model reads from it.
+
+Names load on first use, so prep's worker processes do not pay for importing torch.
 """
 
-from tessera.llm.finetune.batch import ExampleBatch, padding_share
-from tessera.llm.finetune.cache import prepared
-from tessera.llm.finetune.chat import DEFAULT_CHAT_TEMPLATE, ExampleTokenizer, load_example_tokenizer
-from tessera.llm.finetune.config import ExampleSource
-from tessera.llm.finetune.examples import Encoded, ExampleError, encode_record, fit
-from tessera.llm.finetune.packing import RowBuilder
-from tessera.llm.finetune.prep import ExamplePrepSummary, prep_examples
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time __getattr__ loads them
+    from tessera.llm.finetune.batch import ExampleBatch, padding_share
+    from tessera.llm.finetune.cache import prepared
+    from tessera.llm.finetune.chat import DEFAULT_CHAT_TEMPLATE, ExampleTokenizer, load_example_tokenizer
+    from tessera.llm.finetune.config import ExampleSource
+    from tessera.llm.finetune.examples import Encoded, ExampleError, encode_record, fit
+    from tessera.llm.finetune.packing import RowBuilder
+    from tessera.llm.finetune.prep import ExamplePrepSummary, prep_examples
+
+_MODULES = {
+    "batch": ["ExampleBatch", "padding_share"],
+    "cache": ["prepared"],
+    "chat": ["DEFAULT_CHAT_TEMPLATE", "ExampleTokenizer", "load_example_tokenizer"],
+    "config": ["ExampleSource"],
+    "examples": ["Encoded", "ExampleError", "encode_record", "fit"],
+    "packing": ["RowBuilder"],
+    "prep": ["ExamplePrepSummary", "prep_examples"],
+}
+_HOME = {name: f"tessera.llm.finetune.{module}" for module, names in _MODULES.items() for name in names}
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "Encoded", "ExampleBatch", "ExampleError", "ExamplePrepSummary",
            "ExampleSource", "ExampleTokenizer", "RowBuilder", "encode_record", "fit", "load_example_tokenizer",
            "padding_share", "prep_examples", "prepared"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'tessera.llm.finetune' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOME[name]), name)
