@@ -146,8 +146,8 @@ def _prep_examples(input: str, out_url: str, tokenizer: str, *, fmt: str | None,
     if as_json:
         typer.echo(json.dumps(summary.to_dict()))
         return
-    err.print(f"{describe(summary.to_dict())} in {summary.seconds:.1f}s -> {out_url.rstrip('/')}/"
-              f"{{{','.join(s for s, n in summary.rows.items() if n or s == 'train')}}}")
+    splits = [f"{out_url.rstrip('/')}/{s} ({n:,} rows)" for s, n in summary.rows.items() if n or s == "train"]
+    err.print(f"{describe(summary.to_dict())} in {summary.seconds:.1f}s -> {', '.join(splits)}")
 
 
 def _load(path: str, tokenizer: str | None) -> tuple[Any, Any]:
