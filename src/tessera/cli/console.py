@@ -6,6 +6,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from tessera.storage.url import MalformedURL
+
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 # Set by `tessera --debug ...` (the root option), so every sub-command's failure shows its traceback.
@@ -18,5 +20,7 @@ def fail(exc: Exception | str, *, code: int = 1, debug: bool = False) -> None:
     markup. With `debug` the exception is raised again, so its traceback shows where it came from."""
     if (debug or debug_all) and isinstance(exc, Exception):
         raise exc
+    if isinstance(exc, MalformedURL):  # a typo in a URL the user gave is a usage error, wherever it is caught
+        code = 2
     err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # one line, however long
     raise typer.Exit(code)

@@ -15,6 +15,13 @@ from urllib.parse import urlparse
 from tessera.storage.errors import InvalidURL
 
 REMOTE_SCHEMES = ("s3", "gs", "az", "abfs", "abfss", "memory")
+
+
+class MalformedURL(InvalidURL):
+    """The text cannot name a location at all (`s3:/bucket`, `ftp://...`, `s3://`): a mistake in what the
+    user typed, so the CLI exits 2 as for any usage error. (A key from an index is checked by `check_key`.)"""
+
+
 # `s3:/bucket/x` or `s3:bucket` has no '://', so it would silently be a local folder named 's3:'.
 _SCHEME_WITHOUT_SLASHES = re.compile(r"^(" + "|".join(REMOTE_SCHEMES) + r"):/?(?!/)", re.IGNORECASE)
 
@@ -43,10 +50,10 @@ def parse_url(url: str | os.PathLike[str]) -> ParsedURL:
     text = os.fspath(url)
     if "://" not in text:
         if not text:
-            raise InvalidURL("empty storage URL", text)
+            raise MalformedURL("empty storage URL", text)
         if (typo := _SCHEME_WITHOUT_SLASHES.match(text)) is not None:
             scheme, rest = typo.group(1), text[typo.end():]
-            raise InvalidURL(f"{text}: a URL needs two slashes after '{scheme}:' (write {scheme}://{rest}); "
+            raise MalformedURL(f"{text}: a URL needs two slashes after '{scheme}:' (write {scheme}://{rest}); "
                              f"for a local folder whose name starts with '{scheme}:', write ./{text}", text)
         return ParsedURL("file", "", str(Path(text).expanduser().resolve()))
     parts = urlparse(text)
@@ -54,11 +61,11 @@ def parse_url(url: str | os.PathLike[str]) -> ParsedURL:
     if scheme == "file":
         return ParsedURL("file", "", str(Path(parts.path).resolve()))
     if scheme not in REMOTE_SCHEMES:
-        raise InvalidURL(f"{text}: unsupported scheme {scheme!r}; use a local path, file://, "
+        raise MalformedURL(f"{text}: unsupported scheme {scheme!r}; use a local path, file://, "
                          f"s3://, gs://, az://, abfs:// or memory://", text)
     bucket = parts.netloc
     if not bucket and scheme != "memory":
-        raise InvalidURL(f"{text}: missing bucket name (expected {scheme}://BUCKET/prefix)", text)
+        raise MalformedURL(f"{text}: missing bucket name (expected {scheme}://BUCKET/prefix)", text)
     prefix = parts.path.strip("/")
     if prefix:
         check_key(prefix, text)
