@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from chat_tokenizers import chatml_less, ids, rewriting, with_template
+from chat_tokenizers import OWN, chatml_less, ids, rewriting, with_template, word_tokenizer
 
 from tessera.llm.finetune import ExampleError, encode_record, fit, load_example_tokenizer
 from tessera.llm.finetune.chat import DEFAULT_CHAT_TEMPLATE, ChatTemplateError
@@ -130,3 +130,10 @@ def test_a_reply_that_opens_the_conversation_keeps_its_header_out_of_the_loss(ma
                                                        {"role": "user", "content": "hi"}]})
     end = "<|im_end|>" if make is chatml_less else "</s>"
     assert targets == ids(tok, f"hello {end}")
+
+
+def test_a_template_that_refuses_a_conversation_names_it() -> None:
+    tok = word_tokenizer(OWN, eos="</s>", template="{% for m in messages %}{% if m['role'] == 'system' %}"
+                         "{{ raise_exception('no system turns') }}{% endif %}{{ m['content'] }} {% endfor %}")
+    with pytest.raises(ChatTemplateError, match="no system turns"):
+        tokens_and_targets(tok, CHAT)

@@ -111,6 +111,14 @@ class ExampleTokenizer:
         return self._render(messages, add_generation_prompt)
 
     def _render(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+        from jinja2 import TemplateError
+
+        try:
+            return self._render_unchecked(messages, add_generation_prompt)
+        except TemplateError as exc:  # the template's own checks (`raise_exception`: roles must alternate...)
+            raise ChatTemplateError(f"the chat template of {self.name} refused the conversation: {exc}") from None
+
+    def _render_unchecked(self, messages: Sequence[Message], add_generation_prompt: bool) -> str:
         if self.hf and messages:
             return self.inner.apply_chat_template(list(messages), chat_template=self.template, tokenize=False,
                                                   add_generation_prompt=add_generation_prompt)
