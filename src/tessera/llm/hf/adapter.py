@@ -5,8 +5,11 @@
     loss = model({"tokens": t, "labels": l})  # labels aligned with tokens; -100 is ignored
     logits = model(input_ids)                 # [B, T] -> [B, T, vocab]
 
-Optional `position_ids` and `attention_mask` (aligned with tokens, as the data side packs them) go to the
-model for the L-1 input positions. The wrapped model is `.hf`, so checkpoint keys are `hf.<its keys>`.
+Optional `position_ids`, `sequence_ids` and `attention_mask` are aligned with tokens, as the data side
+(llm/finetune/batch.py) writes them; the model sees them for the L-1 input positions. Packed rows (several
+examples in one row) must not attend across examples: transformers separates them from the position
+resets only under flash-attention 2, so for its other kernels (sdpa, eager) the adapter passes a
+block-diagonal causal mask built from `sequence_ids` (or from where `position_ids` restart at 0). The wrapped model is `.hf`, so checkpoint keys are `hf.<its keys>`.
 The adapter says what its blocks are (`blocks()`, the classes transformers lists in `_no_split_modules`)
 so the train layer can shard them, and never applies parallelism itself.
 """
@@ -22,7 +25,6 @@ from torch import nn
 from tessera.train.distributed import fsdp_units
 
 IGNORE_INDEX = -100
-OPTIONAL_INPUTS = ("position_ids", "attention_mask")
 
 
 class HFCausalLM(nn.Module):
@@ -48,13 +50,27 @@ class HFCausalLM(nn.Module):
         tokens = batch["tokens"].long()
         labels = batch.get("labels")
         targets = (tokens if labels is None else labels.long())[:, 1:]
-        inputs = {key: batch[key][:, :-1] for key in OPTIONAL_INPUTS if batch.get(key) is not None}
-        logits = self(tokens[:, :-1], **inputs)
+        logits = self(tokens[:, :-1], **self._attention_inputs(batch))
         # Summed and divided by at least 1, so a microbatch whose labels are all masked (a long prompt
         # cut before its answer) adds nothing rather than a NaN.
         total = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
                                 ignore_index=IGNORE_INDEX, reduction="sum")
         return total / (targets != IGNORE_INDEX).sum().clamp(min=1)
+
+    def _attention_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """position_ids and the attention mask of the L-1 input positions (module docstring)."""
+        inputs: dict[str, torch.Tensor] = {}
+        positions, sequences = batch.get("position_ids"), batch.get("sequence_ids")
+        if positions is not None:
+            inputs["position_ids"] = positions[:, :-1].long()
+        if batch.get("attention_mask") is not None:
+            inputs["attention_mask"] = batch["attention_mask"][:, :-1]
+        elif getattr(self.hf.config, "_attn_implementation", None) != "flash_attention_2":
+            if sequences is None and positions is not None:
+                sequences = (positions == 0).long().cumsum(dim=1)
+            if sequences is not None and bool((sequences[:, :-1] != sequences[:, :1]).any()):
+                inputs["attention_mask"] = packed_mask(sequences[:, :-1], self.hf.dtype)
+        return inputs
 
     def blocks(self) -> list[nn.Module]:
         """The decoder layers: modules of the classes transformers says must not be split."""
@@ -69,6 +85,17 @@ class HFCausalLM(nn.Module):
         layers = getattr(config, "num_hidden_layers", 0) or 0
         hidden = getattr(config, "hidden_size", 0) or 0
         return 6 * self.num_params() + 12 * layers * hidden * (seq_len or self.max_seq_len)
+
+
+def packed_mask(sequences: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The additive 4-D mask [B, 1, T, T] letting each position see the earlier positions of its own
+    sequence only (0 where allowed, the dtype's minimum elsewhere: the form every transformers kernel
+    takes; a boolean one is read inverted by some)."""
+    T = sequences.size(1)
+    causal = torch.ones(T, T, dtype=torch.bool, device=sequences.device).tril()
+    allowed = (sequences[:, :, None] == sequences[:, None, :]) & causal
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=sequences.device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def default_seq_len(config: Any) -> int:
