@@ -219,24 +219,35 @@ def evaluate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
              max_batches: int = typer.Option(None, help="Evaluate at most this many batches."),
              task: list[str] = typer.Option(None, help="Multiple-choice JSONL task file or shipped name "
                                                        "(tiny_mc); repeatable."),
+             icl_tasks: str = typer.Option(None, "--icl-tasks", help="A YAML file with LLM Foundry's icl_tasks "
+                                           "(and optionally icl_subset_num_batches, eval_gauntlet), e.g. a "
+                                           "recipe: every task type, scored on every rank under `tessera launch`."),
+             hf: bool = typer.Option(False, "--hf", help="CHECKPOINT_OR_EXPORT is a transformers model folder."),
              num_fewshot: int = typer.Option(0),
              reduction: str = typer.Option("mean", help="Score choices by mean or sum log-likelihood."),
              tokenizer: str = typer.Option(None, help="Tokenizer JSON or 'byte' (default: the model's)."),
              as_json: bool = typer.Option(False, "--json")) -> None:
-    """Perplexity on a held-out split and/or multiple-choice accuracy on ICL tasks."""
+    """Perplexity on a held-out split, multiple-choice accuracy on --task files, and/or ICL tasks in LLM
+    Foundry's formats (--icl-tasks: language modelling, multiple choice, schema, question answering)."""
     from tessera.llm.eval import ModelScorer, evaluate_multiple_choice, load_mc_task, mds_batches, perplexity
 
-    if not data and not task:
-        fail(ValueError("nothing to evaluate: pass --data and/or --task"))
+    if not data and not task and not icl_tasks:
+        fail(ValueError("nothing to evaluate: pass --data, --task and/or --icl-tasks"))
     results: dict[str, Any] = {}
     try:
-        model, tok = _load(path, tokenizer) if task else (_load_model_only(path), None)
+        section = _icl_section(icl_tasks) if icl_tasks else None
+        if hf:
+            model, tok = _load_hf(path, tokenizer)
+        else:
+            model, tok = _load(path, tokenizer) if task or icl_tasks else (_load_model_only(path), None)
         if data:
             ppl = perplexity(model, mds_batches(data, split, batch_size, max_batches))
             results["perplexity"] = ppl.__dict__
         for name in task or []:
             res = evaluate_multiple_choice(load_mc_task(name), ModelScorer(model, tok, reduction), num_fewshot)
             results[f"mc/{name}"] = {"accuracy": res.accuracy, "items": res.items}
+        if section is not None:
+            results["icl"] = _run_icl(section, model, tok)
     except ERRORS as exc:
         fail(exc)
     if as_json:
@@ -250,6 +261,53 @@ def evaluate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
         if key.startswith("mc/"):
             out.print(f"{key[3:]}: accuracy {value['accuracy']:.3f} on {value['items']} items "
                       f"({num_fewshot}-shot, {reduction})")
+    for key, value in results.get("icl", {}).items():
+        out.print(f"{key}: {value:.3f}")
+
+
+def _icl_section(file: str) -> Any:
+    """The ICL keys of a YAML file (a tasks file or a whole recipe: other keys are ignored)."""
+    import yaml
+    from pydantic import ValidationError
+
+    from tessera.llm.icl.config import ICLSection
+    from tessera.typed_config import error_lines
+
+    try:
+        with open(file, encoding="utf-8") as f:
+            tree = yaml.safe_load(f)
+    except OSError as exc:
+        raise FileNotFoundError(f"--icl-tasks {file}: {exc.strerror}") from None
+    if not isinstance(tree, dict) or "icl_tasks" not in tree:
+        raise ValueError(f"--icl-tasks {file}: expected a mapping with an icl_tasks list")
+    keys = {k: tree[k] for k in ICLSection.model_fields if k in tree}
+    try:
+        return ICLSection.model_validate(keys)
+    except ValidationError as exc:
+        raise ValueError(f"--icl-tasks {file}: {'; '.join(error_lines(exc, lambda loc: ''))}") from None
+
+
+def _run_icl(section: Any, model: Any, tok: Any) -> dict[str, float]:
+    """Score the tasks on this process's share of the items (all of them unless launched on several
+    ranks); every rank gets the summed numbers."""
+    from tessera.llm.icl import evaluate_icl, prepare_tasks
+    from tessera.llm.icl.scoring import model_seq_len
+    from tessera.train.distributed import init_distributed
+
+    env = init_distributed(next(model.parameters()).device)
+    tasks = prepare_tasks(section.icl_tasks, tok, model_seq_len(model))
+    return evaluate_icl(tasks, model, tok, rank=env.rank, world_size=env.world_size,
+                        subset_num_batches=section.icl_subset_num_batches, gauntlet=section.eval_gauntlet)
+
+
+def _load_hf(folder: str, tokenizer: str | None) -> tuple[Any, Any]:
+    """A transformers model folder (never a hub download) behind Tessera's model interface."""
+    from tessera.llm.hf.adapter import HFCausalLM
+    from tessera.llm.hf.load import load_hf_model, load_hf_tokenizer
+    from tessera.llm.tokenizer import load_tokenizer
+
+    model = HFCausalLM(load_hf_model(folder)).eval()
+    return model, load_tokenizer(tokenizer) if tokenizer else load_hf_tokenizer(folder)
 
 
 def _load_model_only(path: str) -> Any:
