@@ -23,6 +23,16 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_llama(tmp_path_factory.mktemp("llama") / "model", seed=3)
 
 
+@pytest.fixture(scope="module")
+def gpt_export(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Tessera GPT export (`tessera llm export`'s default format) to fine-tune from."""
+    from tessera.llm.export import save_pretrained
+
+    folder = tmp_path_factory.mktemp("gpt") / "export"
+    save_pretrained(small_model(seed=8, attn="rope"), folder)
+    return folder
+
+
 def overrides(model: str, data: Path, save: Path, logs: Path, lora: str = "{rank: 4, alpha: 8, dropout: 0.1}"):
     return [f"model={model}", f"lora={lora}", f"data.train.streams.0.remote={data}", "data.eval=null",
             "global_train_batch_size=4", "device_train_microbatch_size=2", f"save_folder={save}",
@@ -62,12 +72,13 @@ def losses(logs: Path) -> dict[int, float]:
 
 
 MODELS = {"gpt": "{d_model: 32, n_heads: 4, n_layers: 2, max_seq_len: 32}",
+          "gpt-pretrained": "{pretrained: GPT, max_seq_len: 32}",
           "hf": "{pretrained: LLAMA, max_seq_len: 32}"}
 
 
-@pytest.mark.parametrize("kind", ["gpt", "hf"])
-def test_resume_is_bitwise_and_checkpoints_hold_only_the_adapters(kind, llama, prepped, tmp_path):
-    model = MODELS[kind].replace("LLAMA", str(llama))
+@pytest.mark.parametrize("kind", ["gpt", "gpt-pretrained", "hf"])
+def test_resume_is_bitwise_and_checkpoints_hold_only_the_adapters(kind, llama, gpt_export, prepped, tmp_path):
+    model = MODELS[kind].replace("LLAMA", str(llama)).replace("GPT", str(gpt_export))
     straight = train(overrides(model, prepped, tmp_path / "a", tmp_path / "la"))
     train(overrides(model, prepped, tmp_path / "b", tmp_path / "lb"), stop_at=3)
     assert (tmp_path / "b" / "latest").read_text().strip() == "ep0-ba3"
@@ -84,6 +95,15 @@ def test_resume_is_bitwise_and_checkpoints_hold_only_the_adapters(kind, llama, p
     assert not moved
     optimizer = torch.load(tmp_path / "b" / "ep0-ba6" / "train_state.pt", weights_only=False)["optimizers"][0]
     assert len(optimizer["state"]) == len(saved)
+    if kind == "gpt-pretrained":  # the frozen base is the export's, and the export step finds it again
+        from tessera.llm.export import load_pretrained
+        from tessera.llm.hf.export import rebuild
+
+        base = load_pretrained(gpt_export)[0].state_dict()
+        assert torch.equal(straight["transformer.blocks.0.attn.Wqkv.base_layer.weight"],
+                           base["transformer.blocks.0.attn.Wqkv.weight"])
+        rebuilt = rebuild(tmp_path / "b")[0].state_dict()
+        assert all(torch.equal(rebuilt[k], straight[k]) for k in straight)
 
 
 def test_a_lora_checkpoint_is_far_smaller_than_the_base_model(tmp_path, prepped):

@@ -14,7 +14,7 @@ import torch
 
 from tessera.llm.finetune.loader import example_loader
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
-from tessera.llm.hf.load import load_hf, pretrained_seq_len, pretrained_tokenizer
+from tessera.llm.hf.load import load_pretrained_model, pretrained_seq_len, pretrained_tokenizer
 from tessera.llm.hf.lora import add_lora
 from tessera.llm.icl.callback import icl_evaluator
 from tessera.llm.model import GPT
@@ -58,10 +58,10 @@ def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int, tokenizer: Any
 
 
 def build_model(recipe: Recipe, vocab_size: int) -> torch.nn.Module:
-    """The recipe's model: a Hugging Face model (`model.pretrained`) or a GPT shape, with LoRA adapters
-    when the recipe has a `lora` section (then only they train)."""
+    """The recipe's model: a pretrained one (`model.pretrained`: a Hugging Face folder or a Tessera GPT) or
+    a GPT shape, with LoRA adapters when the recipe has a `lora` section (then only they train)."""
     if is_pretrained(recipe.model):
-        return load_hf(PretrainedSpec.model_validate(recipe.model), recipe.lora)[0]
+        return load_pretrained_model(PretrainedSpec.model_validate(recipe.model), recipe.lora)[0]
     fields = dict(recipe.model)
     fields.setdefault("vocab_size", vocab_size)  # the tokenizer decides unless the recipe pins it
     if fields["vocab_size"] < vocab_size:
@@ -86,7 +86,9 @@ def recipe_tokenizer(recipe: Recipe) -> Tokenizer | Any:
     """The recipe's tokenizer; a file that is not one fails naming the key and the file. A pretrained
     model brings its own (a transformers tokenizer, with the chat template the data side applies)."""
     if is_pretrained(recipe.model):
-        return pretrained_tokenizer(PretrainedSpec.model_validate(recipe.model))
+        own = pretrained_tokenizer(PretrainedSpec.model_validate(recipe.model))
+        if own is not None:
+            return own
     try:
         return load_tokenizer(recipe.tokenizer)
     except TokenizerError:
@@ -130,8 +132,9 @@ def run_config(recipe: Recipe, model: torch.nn.Module) -> dict[str, Any]:
     pretrained model is remembered by its folder (model.pretrained), which export reads again for the
     frozen weights a LoRA checkpoint leaves out."""
     lora = recipe.lora.model_dump() if recipe.lora is not None else None
-    if isinstance(model, GPT):
-        return {"model": model.cfg.to_dict(), "lora": lora, "tokenizer": recipe.tokenizer, "recipe": recipe.dump()}
+    if isinstance(model, GPT):  # a pretrained GPT keeps both: its shape (for load_model) and where it came from
+        section = {**(recipe.model if is_pretrained(recipe.model) else {}), **model.cfg.to_dict()}
+        return {"model": section, "lora": lora, "tokenizer": recipe.tokenizer, "recipe": recipe.dump()}
     return {"model": dict(recipe.model), "lora": lora, "tokenizer": recipe.model["pretrained"],
             "recipe": recipe.dump()}
 

@@ -25,7 +25,7 @@ from tessera.llm.export import ExportError, checkpoint_weights, model_config_fro
 from tessera.llm.hf.adapter import HFCausalLM
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.hf.gpt_to_hf import gpt_to_hf, hf_architecture
-from tessera.llm.hf.load import load_hf
+from tessera.llm.hf.load import load_pretrained_model
 from tessera.llm.hf.lora import add_lora, lora_target, merge_lora
 from tessera.llm.model import GPT
 from tessera.storage import open_store
@@ -41,8 +41,11 @@ def rebuild(path: str | os.PathLike[str]) -> tuple[nn.Module, Any, LoraSpec | No
     config = state.get("config") or {}
     lora = LoraSpec.model_validate({**config["lora"], "quantize_base": None}) if config.get("lora") else None
     if is_pretrained(config.get("model")):
-        spec = PretrainedSpec.model_validate({**config["model"], "gradient_checkpointing": False})
-        model, tokenizer = load_hf(spec, lora)
+        keys = {k: v for k, v in config["model"].items() if k in PretrainedSpec.model_fields}
+        spec = PretrainedSpec.model_validate({**keys, "gradient_checkpointing": False})
+        model, tokenizer = load_pretrained_model(spec, lora)
+        if tokenizer is None:
+            tokenizer = tokenizer_from_run(config)
     else:
         seed_all(int((config.get("recipe") or {}).get("seed", 0)))  # the frozen base as the run drew it
         model = GPT(model_config_from_run(config))

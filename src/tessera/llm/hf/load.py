@@ -1,6 +1,10 @@
 """Load a Hugging Face model folder (local or s3://) as a trainer-ready model, with its tokenizer.
 
     model, tokenizer = load_hf(PretrainedSpec(pretrained="s3://bucket/models/llama"), lora=LoraSpec())
+    model, tokenizer = load_pretrained_model(spec, lora)   # a transformers folder, or Tessera's own GPT
+
+`model.pretrained` may also name a Tessera GPT (an export folder of `tessera llm export`, or a training
+checkpoint): then the GPT is loaded with its weights and LoRA, if asked, is added to it.
 
 transformers reads local files only (`local_files_only=True`): a remote folder is first copied to the
 node's cache (hf/cache.py). With a `lora` spec the base weights are frozen and LoRA layers are added
@@ -9,15 +13,19 @@ node's cache (hf/cache.py). With a `lora` spec the base weights are frozen and L
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tessera.llm.hf.adapter import HFCausalLM, default_seq_len
 from tessera.llm.hf.cache import local_model_folder
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec
 from tessera.llm.hf.lora import add_lora
+from tessera.storage import NotFound, open_store
 
 
 class QuantizationUnavailable(RuntimeError):
@@ -86,10 +94,40 @@ def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausa
     return model, load_hf_tokenizer(folder)
 
 
+def is_transformers_folder(url: str) -> bool:
+    """A folder whose config.json is a transformers config (not a Tessera export's, nor a checkpoint)."""
+    try:
+        config = json.loads(open_store(os.fspath(url)).get("config.json"))
+    except NotFound:
+        return False
+    return isinstance(config, dict) and "model_type" in config
+
+
+def load_tessera_gpt(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[nn.Module, Any]:
+    """A Tessera GPT export or checkpoint as the starting point (its tokenizer, None if it has none)."""
+    from tessera.llm.export import load_model
+
+    model, tokenizer = load_model(spec.pretrained)
+    if spec.max_seq_len and spec.max_seq_len > model.cfg.max_seq_len:
+        raise ValueError(f"model.max_seq_len={spec.max_seq_len} is longer than {spec.pretrained}'s "
+                         f"{model.cfg.max_seq_len} positions")
+    model = model.to(getattr(torch, spec.dtype)).train()
+    return (add_lora(model, lora) if lora is not None else model), tokenizer
+
+
+def load_pretrained_model(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[nn.Module, Any]:
+    """The model `model.pretrained` names: a transformers folder (HFCausalLM) or a Tessera GPT."""
+    if is_transformers_folder(spec.pretrained):
+        return load_hf(spec, lora)
+    return load_tessera_gpt(spec, lora)
+
+
 def pretrained_seq_len(spec: PretrainedSpec) -> int:
     """`spec.max_seq_len`, else the model's max_position_embeddings capped at 4096 (from config.json)."""
     if spec.max_seq_len:
         return spec.max_seq_len
+    if not is_transformers_folder(spec.pretrained):
+        return load_tessera_gpt(spec)[0].cfg.max_seq_len
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(local_model_folder(spec.pretrained, spec.cache_dir)),
@@ -98,5 +136,8 @@ def pretrained_seq_len(spec: PretrainedSpec) -> int:
 
 
 def pretrained_tokenizer(spec: PretrainedSpec) -> Any:
-    """The tokenizer saved with the pretrained model (its chat template included)."""
+    """The tokenizer saved with the pretrained model (a transformers one with its chat template, or a
+    Tessera GPT's); None when a Tessera model was saved without one."""
+    if not is_transformers_folder(spec.pretrained):
+        return load_tessera_gpt(spec)[1]
     return load_hf_tokenizer(local_model_folder(spec.pretrained, spec.cache_dir))
