@@ -12,6 +12,10 @@ solved examples drawn (seeded, per item) from the rest of the task:
 
 and the choice the scorer rates highest wins. `ModelScorer` rates a choice by the mean log-likelihood
 per token of its continuation (Foundry's choice: no bias towards short answers), or the sum.
+
+This is the quick check `tessera llm eval --task` runs, with a pluggable scorer. The four task types of
+LLM Foundry (language modelling, multiple choice, schema, question answering), with Foundry's exact
+few-shot prompts, rank-sharded scoring and the recipe's `icl_tasks`, are `tessera.llm.icl`.
 """
 
 from __future__ import annotations

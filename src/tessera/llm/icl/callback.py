@@ -21,7 +21,9 @@ from tessera.train.time import Time, Timestamp, interval_fires
 
 
 class ICLEvaluator(Callback):
-    """Scores `tasks` every `interval` of training and once more at the end of the run."""
+    """Scores `tasks` every `interval` of training and once more at the end of the run (unless it was
+    asked to stop). Intervals count as the trainer's do; a `dur` interval needs a max_duration not in
+    epochs, since a callback is not told the epoch length."""
 
     def __init__(self, tasks: Sequence[PreparedTask], tokenizer: Any, interval: Time | str, *,
                  subset_num_batches: int | None = None, gauntlet: GauntletConfig | None = None,
@@ -44,7 +46,8 @@ class ICLEvaluator(Callback):
             self.evaluate(trainer)
 
     def on_fit_end(self, trainer: TrainerView) -> None:
-        if self._last != trainer.timestamp:
+        # A requested stop (SIGTERM: preemption, a move) ends as soon as the checkpoint is saved.
+        if self._last != trainer.timestamp and not trainer.stop_requested:
             self.evaluate(trainer)
 
     def evaluate(self, trainer: TrainerView) -> dict[str, float]:
