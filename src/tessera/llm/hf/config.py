@@ -27,8 +27,9 @@ class _Section(BaseModel):
 class PretrainedSpec(_Section):
     """A recipe's `model` section when it starts from a Hugging Face model instead of a GPT shape."""
 
-    pretrained: str = Field(description="A transformers folder (config.json, safetensors, tokenizer files): "
-                                        "a local path or s3://... (downloaded once per node into a cache).")
+    pretrained: str = Field(description="A transformers folder (config.json, safetensors, tokenizer files; "
+                                        "local, or s3://... downloaded once per node into a cache), or a "
+                                        "Tessera GPT export or checkpoint.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="The dtype the weights are loaded in (mixed precision is `precision`).")
     max_seq_len: int | None = Field(None, ge=2, description="Longest training sequence; None: the model's "
