@@ -134,3 +134,22 @@ def test_adapter_only_needs_lora_and_format_hf(llama, tmp_path):
         export_hf(tmp_path / "ckpt", tmp_path / "out", adapter_only=True)
     res = runner.invoke(app, ["llm", "export", str(tmp_path / "ckpt"), str(tmp_path / "o"), "--adapter-only"])
     assert res.exit_code != 0 and "--format hf" in res.output
+
+
+def test_full_fine_tune_of_a_tied_model_exports_every_weight(tmp_path):
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    folder = tiny_llama(tmp_path / "tied")
+    config = LlamaConfig.from_pretrained(folder)
+    config.tie_word_embeddings = True
+    LlamaForCausalLM(config).save_pretrained(folder)
+    model, _ = load_hf(PretrainedSpec(pretrained=str(folder)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # every weight "trained", the tied pair together
+    save_checkpoint(model, tmp_path / "ckpt", {"model": {"pretrained": str(folder)}, "lora": None})
+    export_hf(tmp_path / "ckpt", tmp_path / "out")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
+    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    x = torch.randint(0, 300, (2, 10))
+    torch.testing.assert_close(hf(input_ids=x).logits, model.eval()(x), atol=1e-4, rtol=1e-4)
