@@ -153,3 +153,20 @@ def test_full_fine_tune_of_a_tied_model_exports_every_weight(tmp_path):
     assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
     x = torch.randint(0, 300, (2, 10))
     torch.testing.assert_close(hf(input_ids=x).logits, model.eval()(x), atol=1e-4, rtol=1e-4)
+
+
+def test_generate_and_eval_read_lora_and_pretrained_checkpoints(llama, prepped, tmp_path):
+    torch.manual_seed(11)
+    gpt = add_lora(small_model(seed=11), LoraSpec(rank=4))
+    perturb_adapters(gpt)
+    save_checkpoint(gpt, tmp_path / "gpt", {"model": gpt.cfg.to_dict(), "lora": LoraSpec(rank=4).model_dump(),
+                                            "recipe": {"seed": 11}, "tokenizer": "byte"})
+    res = runner.invoke(app, ["llm", "generate", str(tmp_path / "gpt"), "--prompt", "def ", "--max-new-tokens", "4",
+                              "--greedy", "--json"])
+    assert res.exit_code == 0, res.output
+    lora_checkpoint(llama, tmp_path / "hf")
+    res = runner.invoke(app, ["llm", "eval", str(tmp_path / "hf"), "--data", str(prepped), "--max-batches", "1",
+                              "--json"])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["llm", "generate", str(tmp_path / "hf"), "--prompt", "hi"])
+    assert res.exit_code != 0 and "--format hf" in res.output

@@ -151,10 +151,13 @@ def _prep_examples(input: str, out_url: str, tokenizer: str, *, fmt: str | None,
 
 
 def _load(path: str, tokenizer: str | None) -> tuple[Any, Any]:
-    from tessera.llm.export import load_model
+    from tessera.llm.hf.export import load_checkpoint_model
     from tessera.llm.tokenizer import load_tokenizer
 
-    model, tok = load_model(path)
+    model, tok = load_checkpoint_model(path)
+    if not hasattr(model, "cfg"):
+        raise ValueError(f"{path}: a fine-tuned Hugging Face model; export it (tessera llm export {path} OUT "
+                         "--format hf) and use transformers for generation")
     if tokenizer:
         tok = load_tokenizer(tokenizer)
     if tok is None:
@@ -311,9 +314,9 @@ def _load_hf(folder: str, tokenizer: str | None) -> tuple[Any, Any]:
 
 
 def _load_model_only(path: str) -> Any:
-    from tessera.llm.export import load_model
+    from tessera.llm.hf.export import load_checkpoint_model
 
-    return load_model(path)[0]
+    return load_checkpoint_model(path)[0]
 
 
 @app.command()

@@ -21,7 +21,13 @@ from typing import Any
 
 from torch import nn
 
-from tessera.llm.export import ExportError, checkpoint_weights, model_config_from_run, tokenizer_from_run
+from tessera.llm.export import (
+    ExportError,
+    checkpoint_weights,
+    load_model,
+    model_config_from_run,
+    tokenizer_from_run,
+)
 from tessera.llm.hf.adapter import HFCausalLM
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.hf.gpt_to_hf import gpt_to_hf, hf_architecture
@@ -35,9 +41,11 @@ from tessera.train.trainer import seed_all
 LAST = ("config.json", "adapter_config.json")  # uploaded after everything else
 
 
-def rebuild(path: str | os.PathLike[str]) -> tuple[nn.Module, Any, LoraSpec | None, dict[str, Any]]:
-    """(model with the checkpoint's weights, tokenizer, the run's LoRA spec, run config) of a checkpoint."""
-    state = checkpoint_weights(path)
+def rebuild(path: str | os.PathLike[str], state: dict[str, Any] | None = None,
+            ) -> tuple[nn.Module, Any, LoraSpec | None, dict[str, Any]]:
+    """(model with the checkpoint's weights, tokenizer, the run's LoRA spec, run config) of a checkpoint
+    (`state`: its weights-only state, if already read)."""
+    state = state if state is not None else checkpoint_weights(path)
     config = state.get("config") or {}
     lora = LoraSpec.model_validate({**config["lora"], "quantize_base": None}) if config.get("lora") else None
     if is_pretrained(config.get("model")):
@@ -57,6 +65,20 @@ def rebuild(path: str | os.PathLike[str]) -> tuple[nn.Module, Any, LoraSpec | No
     except (RuntimeError, ValueError) as exc:
         raise ExportError(f"{path}: the checkpoint does not fit the model its run config describes: {exc}") from None
     return model.eval(), tokenizer, lora, config
+
+
+def load_checkpoint_model(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
+    """Any model Tessera saved, for inference: an export folder, or a checkpoint of any run (a GPT, a
+    pretrained model, LoRA merged into its weights). A checkpoint of a pretrained model gives an
+    `HFCausalLM` (logits from `model(ids)`) and its transformers tokenizer."""
+    if open_store(os.fspath(path)).exists("config.json"):
+        return load_model(path)
+    state = checkpoint_weights(path)
+    config = state.get("config") or {}
+    if not (is_pretrained(config.get("model")) or config.get("lora")):
+        return load_model(path)
+    model, tokenizer, lora, _ = rebuild(path, state)
+    return (merge_lora(model) if lora is not None else model).eval(), tokenizer
 
 
 def hf_tokenizer(tokenizer: Any) -> Any:
