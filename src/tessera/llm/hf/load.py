@@ -66,8 +66,11 @@ def load_hf_model(folder: str | Path, dtype: str = "float32", attn_implementatio
     kwargs: dict[str, Any] = {"local_files_only": True, dtype_keyword(): getattr(torch, dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if quantization is not None:
+    if quantization is not None:  # a 4-bit model is placed on its GPU as it loads; it is not moved later
+        from tessera.train.distributed import current_env
+
         kwargs["quantization_config"] = quantization
+        kwargs["device_map"] = {"": current_env().local_rank % max(torch.cuda.device_count(), 1)}
     return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
 
 
