@@ -170,3 +170,28 @@ def test_generate_and_eval_read_lora_and_pretrained_checkpoints(llama, prepped, 
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["llm", "generate", str(tmp_path / "hf"), "--prompt", "hi"])
     assert res.exit_code != 0 and "--format hf" in res.output
+
+
+def test_gpt_adapter_only_loads_onto_the_exported_mpt_base(tmp_path):
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(11)
+    base = small_model(seed=11)
+    save_checkpoint(base, tmp_path / "base-ckpt", {"model": base.cfg.to_dict()})
+    export_hf(tmp_path / "base-ckpt", tmp_path / "base")
+    torch.manual_seed(11)
+    model = add_lora(small_model(seed=11), LoraSpec(rank=4))
+    perturb_adapters(model)
+    save_checkpoint(model, tmp_path / "ckpt", {"model": model.cfg.to_dict(), "lora": LoraSpec(rank=4).model_dump(),
+                                               "recipe": {"seed": 11}})
+    export_hf(tmp_path / "ckpt", tmp_path / "adapter", adapter_only=True)
+    mpt = AutoModelForCausalLM.from_pretrained(tmp_path / "base", local_files_only=True)
+    adapted = peft.PeftModel.from_pretrained(mpt, tmp_path / "adapter").eval()
+    x = torch.randint(0, 257, (2, 16))
+    torch.testing.assert_close(adapted(input_ids=x).logits, model.eval()(x), atol=1e-4, rtol=1e-4)
+    rope = small_model(attn="rope")
+    add_lora(rope, LoraSpec(rank=2))
+    save_checkpoint(rope, tmp_path / "rope", {"model": rope.cfg.to_dict(), "lora": LoraSpec(rank=2).model_dump()})
+    with pytest.raises(ExportError, match="model.attn='alibi'"):
+        export_hf(tmp_path / "rope", tmp_path / "rope-adapter", adapter_only=True)
