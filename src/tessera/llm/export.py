@@ -82,18 +82,28 @@ def load_pretrained(folder: str | os.PathLike[str] | Store, device: torch.device
     from safetensors.torch import load_file
 
     store = folder if isinstance(folder, Store) else open_store(folder)
-    config = _read_config(store)
-    if config is None:
+    described = describe_export(store)
+    if described is None:
         raise ExportError(f"{store.url}: no {CONFIG}; not an export (or an unfinished one)")
-    model = GPT(GPTConfig.from_dict(config["model"]))
+    model = GPT(described[0])
     with tempfile.TemporaryDirectory(prefix="tessera-load-") as tmp:
         model.load_state_dict(load_file(_local_copy(store, WEIGHTS, tmp)))
-        tokenizer = None
-        if config.get("tokenizer") == "byte":
-            tokenizer = load_tokenizer("byte")
-        elif config.get("tokenizer"):
+    return model.to(device).eval(), described[1]
+
+
+def describe_export(folder: str | os.PathLike[str] | Store) -> tuple[GPTConfig, Tokenizer | None] | None:
+    """An export's model config and tokenizer without reading its weights; None if it is not an export."""
+    store = folder if isinstance(folder, Store) else open_store(folder)
+    config = _read_config(store)
+    if config is None:
+        return None
+    tokenizer = None
+    if config.get("tokenizer") == "byte":
+        tokenizer = load_tokenizer("byte")
+    elif config.get("tokenizer"):
+        with tempfile.TemporaryDirectory(prefix="tessera-load-") as tmp:
             tokenizer = load_tokenizer(_local_copy(store, config["tokenizer"], tmp))
-    return model.to(device).eval(), tokenizer
+    return GPTConfig.from_dict(config["model"]), tokenizer
 
 
 def model_config_from_run(run_config: dict[str, Any]) -> GPTConfig:

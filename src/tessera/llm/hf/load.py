@@ -118,6 +118,18 @@ def load_tessera_gpt(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tupl
     return (add_lora(model, lora) if lora is not None else model), tokenizer
 
 
+def tessera_gpt_description(spec: PretrainedSpec) -> tuple[Any, Any]:
+    """(GPTConfig, tokenizer) of a Tessera GPT source: an export's from its config alone, a checkpoint's
+    by loading it."""
+    from tessera.llm.export import describe_export
+
+    described = describe_export(spec.pretrained)
+    if described is not None:
+        return described
+    model, tokenizer = load_tessera_gpt(spec)
+    return model.cfg, tokenizer
+
+
 def load_pretrained_model(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[nn.Module, Any]:
     """The model `model.pretrained` names: a transformers folder (HFCausalLM) or a Tessera GPT."""
     if is_transformers_folder(spec.pretrained):
@@ -130,7 +142,7 @@ def pretrained_seq_len(spec: PretrainedSpec) -> int:
     if spec.max_seq_len:
         return spec.max_seq_len
     if not is_transformers_folder(spec.pretrained):
-        return load_tessera_gpt(spec)[0].cfg.max_seq_len
+        return tessera_gpt_description(spec)[0].max_seq_len
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(str(local_model_folder(spec.pretrained, spec.cache_dir)),
@@ -142,5 +154,5 @@ def pretrained_tokenizer(spec: PretrainedSpec) -> Any:
     """The tokenizer saved with the pretrained model (a transformers one with its chat template, or a
     Tessera GPT's); None when a Tessera model was saved without one."""
     if not is_transformers_folder(spec.pretrained):
-        return load_tessera_gpt(spec)[1]
+        return tessera_gpt_description(spec)[1]
     return load_hf_tokenizer(local_model_folder(spec.pretrained, spec.cache_dir))
