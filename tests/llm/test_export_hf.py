@@ -195,3 +195,21 @@ def test_gpt_adapter_only_loads_onto_the_exported_mpt_base(tmp_path):
     save_checkpoint(rope, tmp_path / "rope", {"model": rope.cfg.to_dict(), "lora": LoraSpec(rank=2).model_dump()})
     with pytest.raises(ExportError, match="model.attn='alibi'"):
         export_hf(tmp_path / "rope", tmp_path / "rope-adapter", adapter_only=True)
+
+
+def test_a_tessera_export_with_its_bpe_tokenizer_converts(tmp_path, bpe_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tessera.llm.export import save_pretrained
+    from tessera.llm.tokenizer import load_tokenizer
+
+    model = small_model(seed=3, vocab_size=400, attn="rope")
+    tok = load_tokenizer(bpe_path)
+    save_pretrained(model, tmp_path / "tessera", tokenizer=tok)
+    res = runner.invoke(app, ["llm", "export", str(tmp_path / "tessera"), str(tmp_path / "hf"), "--format", "hf"])
+    assert res.exit_code == 0, res.output
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    assert hf_tok("def read(self)")["input_ids"] == tok.encode("def read(self)")
+    x = torch.randint(0, 400, (1, 12))
+    torch.testing.assert_close(hf(input_ids=x).logits, model(x), atol=1e-4, rtol=1e-4)

@@ -96,17 +96,18 @@ def hf_tokenizer(tokenizer: Any) -> Any:
 
 def export_hf(path: str | os.PathLike[str], out: str | os.PathLike[str], *, adapter_only: bool = False,
               tokenizer: Any = None) -> str:
-    """Write the checkpoint at `path` to `out` in the transformers (or, adapter_only, peft) layout."""
-    model, own_tokenizer, lora, config = rebuild(path)
-    tok = hf_tokenizer(tokenizer if tokenizer is not None else own_tokenizer)
+    """Write the checkpoint (or Tessera export) at `path` to `out` in the transformers layout, or with
+    `adapter_only` a LoRA run's adapter in peft's."""
     with tempfile.TemporaryDirectory(prefix="tessera-hf-export-") as tmp:
         folder = Path(tmp)
         if adapter_only:
+            model, own_tokenizer, lora, config = rebuild(path)
             save_adapter(model, lora, config, folder)
         else:
-            merged = merge_lora(model) if lora is not None else model
-            hf = merged.hf if isinstance(merged, HFCausalLM) else gpt_to_hf(merged)
+            model, own_tokenizer = load_checkpoint_model(path)  # LoRA merged
+            hf = model.hf if isinstance(model, HFCausalLM) else gpt_to_hf(model)
             hf.save_pretrained(folder, safe_serialization=True)
+        tok = hf_tokenizer(tokenizer if tokenizer is not None else own_tokenizer)
         if tok is not None:
             tok.save_pretrained(folder)
         return upload_folder(folder, out)
