@@ -13,7 +13,8 @@ MUST_SET = "???"
 
 # What an example value looks like, by the key's last part (the rest get VALUE).
 _EXAMPLES = {"remote": "s3://bucket/path", "local": "/tmp/cache", "save_folder": "s3://bucket/runs/{run_name}",
-             "load_path": "s3://bucket/runs/NAME/checkpoints/latest", "tokenizer": "./tokenizer.json"}
+             "load_path": "s3://bucket/runs/NAME/checkpoints/latest", "tokenizer": "./tokenizer.json",
+             "pretrained": "./hf-model-folder"}
 
 
 def unset_keys(tree: Any, prefix: str = "", _open: frozenset[int] = frozenset()) -> list[str]:
