@@ -174,3 +174,14 @@ def test_recipe_model_section_of_a_pretrained_model_is_checked():
                                                 "model.dtype=float8"])
     with pytest.raises(RecipeError, match="lora.rank"):
         load_recipe("finetune-lora-tiny.yaml", ["model.pretrained=./m", "data.train.path=x.jsonl", "lora.rank=0"])
+
+
+def test_only_models_that_say_so_leave_frozen_weights_out_of_checkpoints():
+    from tessera.train.checkpoint import capture_state
+    from tessera.train.time import Timestamp
+
+    frozen_by_hand = small_model()
+    frozen_by_hand.transformer.wte.weight.requires_grad_(False)  # e.g. after a load_path start
+    assert "transformer.wte.weight" in capture_state(frozen_by_hand, timestamp=Timestamp())["model"]
+    lora = add_lora(small_model(), LoraSpec(rank=2))
+    assert all(".lora_" in k for k in capture_state(lora, timestamp=Timestamp())["model"])

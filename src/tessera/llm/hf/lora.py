@@ -6,7 +6,8 @@
 The adapters are injected into the model itself (`peft.inject_adapter_in_model`), not wrapped in a
 PeftModel, so the model keeps its class and the trainer's contract, and its checkpoint keys are the base
 model's keys plus the adapters'. Only the adapters require gradients, which is what makes the
-checkpoint hold only them and their optimizer state (train/checkpoint/state.py).
+checkpoint hold only them and their optimizer state (the model says so with `checkpoint_trainable_only`,
+which train/checkpoint/state.py reads).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def add_lora(model: nn.Module, spec: LoraSpec) -> nn.Module:
         peft.inject_adapter_in_model(spec.peft_config(hf), target)
     except ValueError as exc:  # peft: "Target modules {...} not found in the base model"
         raise ValueError(f"lora.target_modules: {exc}") from None
+    model.checkpoint_trainable_only = True  # the base is rebuilt from its source (train/checkpoint/state.py)
     return model
 
 
@@ -52,6 +54,7 @@ def merge_lora(model: nn.Module) -> nn.Module:
     for module in model.modules():  # peft's marker: transformers would save only adapters while it is there
         if "peft_config" in vars(module):
             del module.peft_config
+    model.checkpoint_trainable_only = False
     for param in model.parameters():
         param.requires_grad_(True)
     return model

@@ -12,11 +12,12 @@ unwrapped, so a checkpoint from 4 DDP ranks loads into a bare model). Sharded st
 parameter name), which DCP reshards to any world size on load. `stage_to_host` is the copy a save
 takes before it returns, so the loop may change the live tensors while the save is written.
 
-Trainable-only: when some parameters are frozen (LoRA: the base model's weights), "model" holds only the
-parameters that train, and the optimizers hold state for those alone, so a LoRA checkpoint is the size
-of its adapters. The frozen weights are not lost: the run rebuilds them the way it built them the first
-time (from the pretrained folder, or from the seed), and `apply_state` then loads the saved part and
-checks that every trainable parameter was in it.
+Trainable-only: a model that sets `checkpoint_trainable_only = True` (LoRA models do: llm/hf/lora.py)
+declares that its frozen parameters can be rebuilt the way they were built the first time (from the
+pretrained folder, or from the seed). Then "model" holds only the parameters that train, and the
+optimizers hold state for those alone, so a LoRA checkpoint is the size of its adapters; `apply_state`
+loads the saved part and checks that every trainable parameter was in it. Any other model is saved
+whole, frozen parameters included (frozen after a `load_path` start, say, they could not be rebuilt).
 """
 
 from __future__ import annotations
@@ -60,9 +61,11 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule) or any(has_dtensor(p) for p in model.parameters())
 
 
-def has_frozen_parameters(model: torch.nn.Module) -> bool:
-    """Whether some parameters do not train (requires_grad False): then checkpoints are trainable-only."""
-    return any(not p.requires_grad for p in unwrap_model(model).parameters())
+def saves_trainable_only(model: torch.nn.Module) -> bool:
+    """Whether the model's checkpoints leave its frozen parameters out (module docstring)."""
+    inner = unwrap_model(model)
+    return bool(getattr(inner, "checkpoint_trainable_only", False)) and any(
+        not p.requires_grad for p in inner.parameters())
 
 
 def trainable_names(model: torch.nn.Module) -> set[str]:
@@ -72,7 +75,7 @@ def trainable_names(model: torch.nn.Module) -> set[str]:
 def model_state(model: torch.nn.Module, sharded: bool) -> dict[str, Any]:
     """The model's part of a checkpoint: every entry, or only the trainable parameters if some are frozen."""
     inner = unwrap_model(model)
-    frozen = has_frozen_parameters(inner)
+    frozen = saves_trainable_only(inner)
     if sharded:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -133,7 +136,7 @@ def apply_state(state: dict[str, Any], model: torch.nn.Module | None = None,
     sharded = bool(state.get("sharded"))
     if model is not None and "model" in state:
         inner = unwrap_model(model)
-        partial = has_frozen_parameters(inner) and set(state["model"]) != set(inner.state_dict())
+        partial = saves_trainable_only(inner) and set(state["model"]) != set(inner.state_dict())
         if partial and strict:
             check_trainable_state(inner, state["model"])
         if sharded or is_sharded_model(inner):
