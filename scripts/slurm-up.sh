@@ -6,7 +6,7 @@
 # Everything the cluster runs is its own, so several clusters can share the host and one's
 # scripts/slurm-down.sh stops nothing of another's: slurmctld listens on PORT and the slurmd of node i
 # on PORT+i; it has its own munged (own key, socket and pid file in /run/tessera-slurm/NAME/munge, named
-# by slurm.conf's AuthInfo); pid files, spool, state and logs are under DIR. The nodes are NAME-n1 ..
+# by slurm.conf's AuthInfo); pid files, state and logs are under DIR, the spool beside munge. The nodes are NAME-n1 ..
 # NAME-nN because Slurm names a node's job cgroups after it (/sys/fs/cgroup/*/slurm_NODE): NAME defaults
 # to one derived from DIR, so two clusters never share a cgroup. DIR/etc/nodes lists the node names.
 # Idempotent: installs slurm-wlm and munge with apt-get if missing, writes DIR/etc/slurm.conf and
@@ -21,6 +21,9 @@ N=${2:-3}
 PORT=${3:-6817}
 NAME=${4:-t$(printf %s "$DIR" | cksum | cut -d' ' -f1)}
 MUNGE=/run/tessera-slurm/$NAME/munge   # not under DIR: user munge may not reach it (pytest's are 0700)
+# slurmstepd's Unix sockets live in the spool; a socket path may not exceed 108 bytes, which a deep DIR
+# (pytest's temp folders) does, so the spool sits under the short per-cluster folder too.
+SPOOL=/run/tessera-slurm/$NAME/spool
 HOST=$(hostname -s)
 CONF=$DIR/etc/slurm.conf
 export SLURM_CONF=$CONF
@@ -34,7 +37,7 @@ if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   apt-get install -y -qq slurm-wlm munge >&2
 fi
 
-mkdir -p "$DIR"/{etc,state,spool,log,run}
+mkdir -p "$DIR"/{etc,state,log,run} "$SPOOL"
 
 alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 munge_ok() { (munge --socket="$MUNGE/munge.socket" -n </dev/null | unmunge --socket="$MUNGE/munge.socket" >/dev/null) 2>/dev/null; }
@@ -80,7 +83,7 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket=$MUNGE/munge.socket
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool/%n
+SlurmdSpoolDir=$SPOOL/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
 SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
@@ -108,7 +111,7 @@ for i in $(seq 1 "$N"); do echo "$NAME-n$i"; done >"$DIR/etc/nodes"
 log "starting slurmctld and $N slurmd"
 slurmctld -c -f "$CONF" >&2
 while read -r node; do
-  mkdir -p "$DIR/spool/$node"
+  mkdir -p "$SPOOL/$node"
   slurmd -N "$node" -f "$CONF" >&2
 done <"$DIR/etc/nodes"
 wait_idle
