@@ -185,3 +185,19 @@ def test_only_models_that_say_so_leave_frozen_weights_out_of_checkpoints():
     assert "transformer.wte.weight" in capture_state(frozen_by_hand, timestamp=Timestamp())["model"]
     lora = add_lora(small_model(), LoraSpec(rank=2))
     assert all(".lora_" in k for k in capture_state(lora, timestamp=Timestamp())["model"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU error path")
+def test_tessera_train_with_qlora_on_cpu_fails_in_one_line(llama, tmp_path):
+    from typer.testing import CliRunner
+
+    from tessera.cli.main import app
+
+    res = CliRunner().invoke(app, ["train", "finetune-lora-tiny.yaml", f"model.pretrained={llama}",
+                                   f"data.train.path={tmp_path / 'none.jsonl'}", "lora.quantize_base=4bit"])
+    assert res.exit_code != 0
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "needs a CUDA GPU" in lines[0], res.output
+    res = CliRunner().invoke(app, ["train", "finetune-lora-tiny.yaml", f"model.pretrained={tmp_path / 'nope'}",
+                                   f"data.train.path={tmp_path / 'none.jsonl'}"])
+    assert res.exit_code != 0 and "model.pretrained=" in res.output and "not a model" in res.output

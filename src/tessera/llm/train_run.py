@@ -14,7 +14,12 @@ import torch
 
 from tessera.llm.finetune.loader import example_loader
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
-from tessera.llm.hf.load import load_pretrained_model, pretrained_seq_len, pretrained_tokenizer
+from tessera.llm.hf.load import (
+    load_pretrained_model,
+    pretrained_seq_len,
+    pretrained_tokenizer,
+    quantization_config,
+)
 from tessera.llm.hf.lora import add_lora
 from tessera.llm.icl.callback import icl_evaluator
 from tessera.llm.model import GPT
@@ -103,6 +108,7 @@ def make_trainer(recipe: Recipe) -> Trainer:
     if recipe.torch_threads:
         torch.set_num_threads(recipe.torch_threads)
     per_device = recipe.check_batches(current_env().world_size)
+    quantization_config(recipe.lora)  # QLoRA on a machine without a GPU: one line, before any download
     tokenizer = recipe_tokenizer(recipe)
     seq_len = model_seq_len(recipe)
     try:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tessera.llm.export import ExportError
 from tessera.llm.hf.adapter import HFCausalLM, default_seq_len
 from tessera.llm.hf.cache import local_model_folder
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec
@@ -28,7 +29,7 @@ from tessera.llm.hf.lora import add_lora
 from tessera.storage import NotFound, open_store
 
 
-class QuantizationUnavailable(RuntimeError):
+class QuantizationUnavailable(ValueError):
     """QLoRA was asked for where it cannot run (no CUDA GPU, or bitsandbytes missing)."""
 
 
@@ -106,11 +107,19 @@ def is_transformers_folder(url: str) -> bool:
     return isinstance(config, dict) and "model_type" in config
 
 
+def not_a_model(url: str) -> FileNotFoundError:
+    return FileNotFoundError(f"model.pretrained={url}: not a model: neither a transformers folder (config.json "
+                             "with a model_type, safetensors, tokenizer files) nor a Tessera export or checkpoint")
+
+
 def load_tessera_gpt(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[nn.Module, Any]:
     """A Tessera GPT export or checkpoint as the starting point (its tokenizer, None if it has none)."""
     from tessera.llm.export import load_model
 
-    model, tokenizer = load_model(spec.pretrained)
+    try:
+        model, tokenizer = load_model(spec.pretrained)
+    except ExportError:
+        raise not_a_model(spec.pretrained) from None
     if spec.max_seq_len and spec.max_seq_len > model.cfg.max_seq_len:
         raise ValueError(f"model.max_seq_len={spec.max_seq_len} is longer than {spec.pretrained}'s "
                          f"{model.cfg.max_seq_len} positions")
@@ -123,7 +132,10 @@ def tessera_gpt_description(spec: PretrainedSpec) -> tuple[Any, Any]:
     by loading it."""
     from tessera.llm.export import describe_export
 
-    described = describe_export(spec.pretrained)
+    try:
+        described = describe_export(spec.pretrained)
+    except ExportError:
+        raise not_a_model(spec.pretrained) from None
     if described is not None:
         return described
     model, tokenizer = load_tessera_gpt(spec)
