@@ -150,4 +150,4 @@ def test_cli_on_s3(tmp_path: Path, s3_bucket: str) -> None:
     assert json.loads(res.stdout)["samples"] == 100
     assert runner.invoke(app, ["data", "verify", url]).exit_code == 0
     res = runner.invoke(app, ["data", "convert", str(inp), url])
-    assert res.exit_code == 1 and "mode='overwrite'" in res.output  # no silent overwrite
+    assert res.exit_code == 1 and "--mode overwrite" in res.output  # no silent overwrite
