@@ -53,3 +53,9 @@ def test_packed_rows_do_not_attend_across_examples(model, with_sequence_ids):
     with torch.no_grad():
         packed_logits = model.hf(input_ids=tokens[:, :-1], **inputs).logits
     torch.testing.assert_close(packed_logits[:1, :7], logits_a, atol=1e-5, rtol=1e-5)
+
+
+def test_a_tokenizer_larger_than_the_embedding_is_refused(tmp_path):
+    folder = tiny_llama(tmp_path / "small-vocab", vocab_size=200)
+    with pytest.raises(ValueError, match="320 tokens but the model's embedding only 200"):
+        load_hf(PretrainedSpec(pretrained=str(folder)))

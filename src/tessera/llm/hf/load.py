@@ -92,10 +92,15 @@ def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausa
         hf = peft.prepare_model_for_kbit_training(hf, use_gradient_checkpointing=spec.gradient_checkpointing)
     elif spec.gradient_checkpointing:
         hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    tokenizer = load_hf_tokenizer(folder)
+    rows = hf.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:  # ids past the embedding would fail deep inside the first forward
+        raise ValueError(f"model.pretrained={spec.pretrained}: the tokenizer has {len(tokenizer)} tokens but the "
+                         f"model's embedding only {rows} rows (resize it with transformers before fine-tuning)")
     model = HFCausalLM(hf, spec.max_seq_len)
     if lora is not None:
         add_lora(model, lora)
-    return model, load_hf_tokenizer(folder)
+    return model, tokenizer
 
 
 def is_transformers_folder(url: str) -> bool:
