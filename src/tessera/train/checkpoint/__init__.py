@@ -9,6 +9,7 @@ This package owns the whole checkpoint life cycle, one module per part:
     state.py      what goes in a checkpoint (`capture_state`, `apply_state`) and the host copy
     files.py      the torch files and DCP shards of one folder on local disk
     rng.py        RNG capture, restore and derivation for ranks that did not exist at save time
+    throttle.py   the background writer's CPU share: upload threads, per-thread priority
 
     ckpt = CheckpointManager("s3://bucket/runs/{run_name}/checkpoints", run_name="gpt-125m", num_to_keep=3)
     state = ckpt.latest(model=model, optimizers=[opt])            # None on a fresh run
@@ -21,8 +22,9 @@ This package owns the whole checkpoint life cycle, one module per part:
     ckpt.wait()                                                   # before exiting
 
 Save, per rank: `save` copies the state to host memory and returns; one background thread writes the
-files to a local staging folder (DCP for sharded states), uploads them through `open_store`, and writes
-`rank{R}.done.json` listing them. Rank 0 then waits for every rank's done file (by polling the store,
+files to a local staging folder (DCP for sharded states: each rank writes only its own shards, nothing
+is gathered to rank 0), uploads them through `open_store`, and writes `rank{R}.done.json` listing them.
+The writer runs at a lower priority with bounded upload threads, so it does not starve the loop. Rank 0 then waits for every rank's done file (by polling the store,
 no barrier), confirms every file with a listing, writes `manifest.json`, confirms it, and only then
 points `latest` at the new folder. Retention runs last. At most one save is in flight: `save` first
 waits for the previous one and re-raises its error, as does `wait`.

@@ -7,7 +7,8 @@ listing, writes `manifest.json`, confirms it, and only then moves the `latest` p
 anywhere before the pointer moves leaves the previous checkpoint as the one to resume from.
 
 Load: `fetch` trusts nothing but the manifest: every file must be listed with its size, and every file
-read must match its hash. No torch and no threads of our own here (uploads use a short-lived pool).
+read must match its hash. No torch and no threads of our own here (uploads run on the caller's thread,
+or a short-lived pool of `threads`).
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ from tessera.train.checkpoint.layout import (
 )
 
 
-def upload_folder(folder: Store, local: Path, threads: int = 4) -> list[ManifestEntry]:
-    """Upload every file under `local` to `folder` (same relative keys); their sizes and hashes."""
+def upload_folder(folder: Store, local: Path, threads: int = 1,
+                  initializer: Callable[[], None] | None = None) -> list[ManifestEntry]:
+    """Upload every file under `local` to `folder` (same relative keys); their sizes and hashes.
+
+    `threads` bounds the concurrency (throttle.default_upload_threads); `initializer` runs in each
+    upload thread first (the writer's lower priority)."""
     paths = sorted(p for p in local.rglob("*") if p.is_file())
 
     def one(path: Path) -> ManifestEntry:
@@ -45,7 +50,9 @@ def upload_folder(folder: Store, local: Path, threads: int = 4) -> list[Manifest
         folder.put_file(key, path)
         return entry
 
-    with ThreadPoolExecutor(max_workers=threads) as pool:
+    if threads <= 1 or len(paths) <= 1:  # no pool: the save thread uploads, at its own priority
+        return [one(path) for path in paths]
+    with ThreadPoolExecutor(max_workers=threads, initializer=initializer) as pool:
         return list(pool.map(one, paths))
 
 

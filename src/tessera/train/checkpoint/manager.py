@@ -59,6 +59,7 @@ from tessera.train.checkpoint.layout import (
 from tessera.train.checkpoint.retention import prune
 from tessera.train.checkpoint.rng import capture_rng_state
 from tessera.train.checkpoint.state import has_dtensor, stage_to_host
+from tessera.train.checkpoint.throttle import WRITER_NICE, default_upload_threads, lower_thread_priority
 from tessera.train.time import Timestamp
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,8 @@ class CheckpointManager:
     batch, so the choice is stable across restarts). `sharded`: None saves through DCP when the state
     holds DTensors (FSDP2), True always, False never. `allow_pickle`: load files holding arbitrary
     Python objects (only from buckets you trust); by default only tensors and plain containers load.
-    `store` overrides the store opened from `save_folder`.
+    `store` overrides the store opened from `save_folder`. `upload_threads` (default: by cores per
+    local rank) and `writer_nice` bound the background writer's share of the CPU (throttle.py).
 
     Under torch.distributed, every rank constructs the manager (it creates a gloo group of its own and
     agrees on a save id), and calls `save`, `latest` and `load` at the same points.
@@ -104,7 +106,8 @@ class CheckpointManager:
                  num_to_keep: int | None = None, keep_every_n: int | None = None, async_save: bool = True,
                  sharded: bool | None = None, on_saved: Callable[[CheckpointInfo], None] | None = None,
                  store: Store | None = None, staging_dir: str | os.PathLike[str] | None = None,
-                 allow_pickle: bool = False, commit_timeout: float = 1800.0) -> None:
+                 allow_pickle: bool = False, commit_timeout: float = 1800.0, upload_threads: int | None = None,
+                 writer_nice: int = WRITER_NICE) -> None:
         if num_to_keep is not None and num_to_keep < 1:
             raise ValueError(f"num_to_keep must be >= 1 or None (keep all), got {num_to_keep}")
         if keep_every_n is not None and keep_every_n < 1:
@@ -134,7 +137,10 @@ class CheckpointManager:
         if self._pg is not None:
             dist.broadcast_object_list(nonce, src=0, group=self._pg)
         self._nonce, self._seq = nonce[0], 0
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-ckpt")
+        self.upload_threads = upload_threads or default_upload_threads()
+        self.writer_nice = writer_nice
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-ckpt",
+                                        initializer=self._lower_priority)
         self._pending: Future[CheckpointInfo] | None = None
         self._staging: dict[tuple, Any] = {}  # host buffers reused across saves (see stage_to_host)
         self._last_committed: str | None = None  # written by the save thread, read after wait()
@@ -178,6 +184,9 @@ class CheckpointManager:
         if not self.async_save:
             self.wait()
 
+    def _lower_priority(self) -> None:
+        lower_thread_priority(self.writer_nice)
+
     def wait(self) -> CheckpointInfo | None:
         """Block until the save in flight (if any) is done; re-raise its error."""
         future, self._pending = self._pending, None
@@ -205,7 +214,7 @@ class CheckpointManager:
         try:
             write_state_files(local, job.files, job.meta, job.dcp, self._pg)
             job.files, job.dcp = {}, None  # release the staged copy before the upload
-            entries = upload_folder(folder, local)
+            entries = upload_folder(folder, local, self.upload_threads, self._lower_priority)
         finally:
             shutil.rmtree(local, ignore_errors=True)
         deleted: tuple[str, ...] = ()
