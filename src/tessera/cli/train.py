@@ -25,9 +25,21 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
                                                  + ", ".join(shipped_recipes())),
           overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. model.n_layers=4."),
           print_config: bool = typer.Option(False, "--print-config", help="Print the merged config and exit."),
-          as_json: bool = typer.Option(False, "--json", help="With --print-config: JSON instead of YAML."),
+          as_json: bool = typer.Option(False, "--json", help="With --print-config or --plan: JSON."),
+          plan: bool = typer.Option(False, "--plan", help="Print memory per GPU, FLOPs and expected tokens/s and "
+                                                         "MFU for --gpu, then exit (no GPU needed)."),
+          gpu: str = typer.Option("H100", "--gpu", help="With --plan: A100-40GB, A100-80GB, H100, H200 or trn1."),
+          nodes: int = typer.Option(1, "--nodes", min=1, help="With --plan: nodes."),
+          gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="With --plan (default 8; trn1 16)."),
+          efficiency: float = typer.Option(None, "--efficiency", min=0.01, max=1.0,
+                                           help="With --plan: assumed hardware FLOPs utilisation (default 0.45)."),
           debug: bool = typer.Option(False, "--debug", help="On an error, show the Python traceback.")) -> None:
     """Train a language model from a recipe (validated before anything starts)."""
+    if plan:
+        from tessera.cli.plan import print_plan  # torch: only for a plan
+
+        print_plan(recipe, overrides or [], gpu, nodes, gpus_per_node, efficiency, as_json, debug)
+        return
     try:
         cfg = load_recipe(recipe, overrides or [])
     except RecipeError as exc:
