@@ -326,7 +326,9 @@ def export(path: str = typer.Argument(..., metavar="CHECKPOINT"),
            fmt: str = typer.Option("tessera", "--format", help="tessera (safetensors + Tessera's config.json) "
                                                                "or hf (a transformers folder; LoRA merged)."),
            adapter_only: bool = typer.Option(False, "--adapter-only", help="With --format hf: only the LoRA "
-                                             "adapter, as PeftModel.from_pretrained(base, OUT) loads it.")) -> None:
+                                             "adapter, as PeftModel.from_pretrained(base, OUT) loads it."),
+           allow_changed_base: bool = typer.Option(False, "--allow-changed-base", help="Export even if the "
+                                                   "base model's files changed since the run started.")) -> None:
     """Save a checkpoint's model: Tessera's format, or with --format hf one transformers and peft load."""
     from tessera.llm.export import load_model, save_pretrained
     from tessera.llm.tokenizer import load_tokenizer
@@ -339,7 +341,7 @@ def export(path: str = typer.Argument(..., metavar="CHECKPOINT"),
         from tessera.llm.hf.export import export_hf
 
         try:
-            url = export_hf(path, out_url, adapter_only=adapter_only,
+            url = export_hf(path, out_url, adapter_only=adapter_only, allow_changed_base=allow_changed_base,
                             tokenizer=load_tokenizer(tokenizer) if tokenizer else None)
         except ERRORS as exc:
             fail(exc)

@@ -14,6 +14,7 @@ import torch
 
 from tessera.llm.finetune.loader import example_loader
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
+from tessera.llm.hf.fingerprint import FINGERPRINT_KEY, BaseCheck, base_fingerprint
 from tessera.llm.hf.load import (
     load_pretrained_model,
     pretrained_seq_len,
@@ -128,21 +129,29 @@ def make_trainer(recipe: Recipe) -> Trainer:
     model = build_model(recipe, tokenizer.vocab_size)
     optimizer = recipe.optimizer.build(trainable_parameters(model))
     schedule = recipe.scheduler.build()
+    callbacks = [icl] if icl is not None else []
+    base = None
+    if is_pretrained(recipe.model):  # resume refuses a base that changed since the checkpoint (hf/fingerprint.py)
+        spec = PretrainedSpec.model_validate(recipe.model)
+        base = base_fingerprint(spec)
+        callbacks.append(BaseCheck(spec, base))
     return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
-                   callbacks=[icl] if icl is not None else [],
-                   run_config=run_config(recipe, model), config=recipe.trainer_config())
+                   callbacks=callbacks, run_config=run_config(recipe, model, base), config=recipe.trainer_config())
 
 
-def run_config(recipe: Recipe, model: torch.nn.Module) -> dict[str, Any]:
+def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | None = None) -> dict[str, Any]:
     """What checkpoints remember: the model to rebuild (export, generate) and the whole recipe. A
     pretrained model is remembered by its folder (model.pretrained), which export reads again for the
-    frozen weights a LoRA checkpoint leaves out."""
+    frozen weights a LoRA checkpoint leaves out, and by `base`, the fingerprint of that folder's files
+    (hf/fingerprint.py), which resume and export compare with the folder they find."""
     lora = recipe.lora.model_dump() if recipe.lora is not None else None
     if isinstance(model, GPT):  # a pretrained GPT keeps both: its shape (for load_model) and where it came from
         section = {**(recipe.model if is_pretrained(recipe.model) else {}), **model.cfg.to_dict()}
-        return {"model": section, "lora": lora, "tokenizer": recipe.tokenizer, "recipe": recipe.dump()}
-    return {"model": dict(recipe.model), "lora": lora, "tokenizer": recipe.model["pretrained"],
-            "recipe": recipe.dump()}
+        config = {"model": section, "lora": lora, "tokenizer": recipe.tokenizer, "recipe": recipe.dump()}
+    else:
+        config = {"model": dict(recipe.model), "lora": lora, "tokenizer": recipe.model["pretrained"],
+                  "recipe": recipe.dump()}
+    return {**config, FINGERPRINT_KEY: base} if base is not None else config
 
 
 def train(recipe: Recipe) -> int:

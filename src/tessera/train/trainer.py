@@ -164,6 +164,7 @@ class Trainer:
         self.throughput = Throughput()
         self.stop_requested = False
         self._pending_rng: dict[str, Any] | None = None
+        self.resumed: dict[str, Any] | None = None  # the loaded checkpoint's URL and config, after fit() resumed
         self._nonfinite: torch.Tensor | None = None  # on the device: read only where the loop syncs anyway
         self._finite_until = 0  # the last batch known to be finite
         self.on_nonfinite, self.max_skipped_steps = cfg.on_nonfinite, cfg.max_skipped_steps
@@ -446,6 +447,7 @@ class Trainer:
         if state is None:
             return
         where = state.get("checkpoint", {}).get("url", self.load_path)
+        self.resumed = {"url": where, "config": state.get("config") or {}}  # what callbacks may check
         if "schedulers" not in state:  # a weights-only load
             apply_state(state, self.model, restore_rng=False)
             log.info("loaded weights from %s", where)

@@ -39,6 +39,8 @@ class PretrainedSpec(_Section):
         "sdpa", description="transformers' attention kernel.")
     cache_dir: str | None = Field(None, description="Where s3:// models are downloaded; None: "
                                                     "$TESSERA_MODEL_CACHE or ~/.cache/tessera/models.")
+    allow_changed_base: bool = Field(False, description="Resume even if the base model's files differ from "
+                                                        "those the checkpoint was trained on (hf/fingerprint.py).")
 
     @field_validator("pretrained")
     @classmethod

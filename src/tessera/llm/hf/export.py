@@ -30,6 +30,7 @@ from tessera.llm.export import (
 )
 from tessera.llm.hf.adapter import HFCausalLM
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
+from tessera.llm.hf.fingerprint import FINGERPRINT_KEY, check_base
 from tessera.llm.hf.gpt_to_hf import gpt_to_hf, hf_architecture
 from tessera.llm.hf.load import load_pretrained_model
 from tessera.llm.hf.lora import add_lora, lora_target, merge_lora
@@ -41,16 +42,19 @@ from tessera.train.trainer import seed_all
 LAST = ("config.json", "adapter_config.json")  # uploaded after everything else
 
 
-def rebuild(path: str | os.PathLike[str], state: dict[str, Any] | None = None,
+def rebuild(path: str | os.PathLike[str], state: dict[str, Any] | None = None, base_check: str | None = None,
             ) -> tuple[nn.Module, Any, LoraSpec | None, dict[str, Any]]:
     """(model with the checkpoint's weights, tokenizer, the run's LoRA spec, run config) of a checkpoint
-    (`state`: its weights-only state, if already read)."""
+    (`state`: its weights-only state, if already read). With `base_check` (how to override, for the
+    message), a base model whose files differ from the fingerprint the run recorded is refused."""
     state = state if state is not None else checkpoint_weights(path)
     config = state.get("config") or {}
     lora = LoraSpec.model_validate({**config["lora"], "quantize_base": None}) if config.get("lora") else None
     if is_pretrained(config.get("model")):
         keys = {k: v for k, v in config["model"].items() if k in PretrainedSpec.model_fields}
         spec = PretrainedSpec.model_validate({**keys, "gradient_checkpointing": False})
+        if base_check is not None:
+            check_base(config.get(FINGERPRINT_KEY), spec, os.fspath(path), base_check)
         model, tokenizer = load_pretrained_model(spec, lora)
         if tokenizer is None:
             tokenizer = tokenizer_from_run(config)
@@ -67,17 +71,17 @@ def rebuild(path: str | os.PathLike[str], state: dict[str, Any] | None = None,
     return model.eval(), tokenizer, lora, config
 
 
-def load_checkpoint_model(path: str | os.PathLike[str]) -> tuple[nn.Module, Any]:
+def load_checkpoint_model(path: str | os.PathLike[str], base_check: str | None = None) -> tuple[nn.Module, Any]:
     """Any model Tessera saved, for inference: an export folder, or a checkpoint of any run (a GPT, a
     pretrained model, LoRA merged into its weights). A checkpoint of a pretrained model gives an
-    `HFCausalLM` (logits from `model(ids)`) and its transformers tokenizer."""
+    `HFCausalLM` (logits from `model(ids)`) and its transformers tokenizer. `base_check`: as `rebuild`."""
     if open_store(os.fspath(path)).exists("config.json"):
         return load_model(path)
     state = checkpoint_weights(path)
     config = state.get("config") or {}
     if not (is_pretrained(config.get("model")) or config.get("lora")):
         return load_model(path)
-    model, tokenizer, lora, _ = rebuild(path, state)
+    model, tokenizer, lora, _ = rebuild(path, state, base_check)
     return (merge_lora(model) if lora is not None else model).eval(), tokenizer
 
 
@@ -95,16 +99,18 @@ def hf_tokenizer(tokenizer: Any) -> Any:
 
 
 def export_hf(path: str | os.PathLike[str], out: str | os.PathLike[str], *, adapter_only: bool = False,
-              tokenizer: Any = None) -> str:
+              tokenizer: Any = None, allow_changed_base: bool = False) -> str:
     """Write the checkpoint (or Tessera export) at `path` to `out` in the transformers layout, or with
-    `adapter_only` a LoRA run's adapter in peft's."""
+    `adapter_only` a LoRA run's adapter in peft's. A base model (`model.pretrained`) whose files changed
+    since the run recorded their fingerprint is refused (`BaseModelChanged`) unless `allow_changed_base`."""
+    base_check = None if allow_changed_base else "pass --allow-changed-base"
     with tempfile.TemporaryDirectory(prefix="tessera-hf-export-") as tmp:
         folder = Path(tmp)
         if adapter_only:
-            model, own_tokenizer, lora, config = rebuild(path)
+            model, own_tokenizer, lora, config = rebuild(path, base_check=base_check)
             save_adapter(model, lora, config, folder)
         else:
-            model, own_tokenizer = load_checkpoint_model(path)  # LoRA merged
+            model, own_tokenizer = load_checkpoint_model(path, base_check)  # LoRA merged
             hf = model.hf if isinstance(model, HFCausalLM) else gpt_to_hf(model)
             hf.save_pretrained(folder, safe_serialization=True)
         tok = hf_tokenizer(tokenizer if tokenizer is not None else own_tokenizer)

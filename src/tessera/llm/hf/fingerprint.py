@@ -1,0 +1,120 @@
+"""A fingerprint of the base model a fine-tuning run started from, checked on resume and on export.
+
+    fp = base_fingerprint(spec)                    # {"folder": ..., "digest": ..., "files": {name: digest}}
+    check_base(saved_fp, spec, "runs/r1/checkpoints/ep0-ba40", override="--allow-changed-base")
+
+A LoRA checkpoint holds only the adapters: resume and export read the frozen weights again from
+`model.pretrained`. If that folder changed in between (a new upload under the same name, a file
+re-saved), the adapters would silently land on other weights. So the run records, at its start, an
+xxh3-128 hash of every file at the top of the model folder (weights, config.json, tokenizer files; not
+READMEs, licences or subfolders such as a model's `original/` copy), and resume and export compare: a
+difference is a `BaseModelChanged` error naming the folder and the files, unless overridden.
+
+Hashing reads every weight byte once (xxh3 runs at memory speed; the disk sets the pace, and loading the
+model reads the same bytes right after, from the page cache). A remote model is hashed in its local copy
+(hf/cache.py), which a changed upload replaces. A Tessera checkpoint used as the base is not fingerprinted
+(its folder holds other checkpoints that change as it trains); its check is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+from tessera.llm.hf.cache import is_remote, local_model_folder
+from tessera.llm.hf.config import PretrainedSpec
+from tessera.storage import open_store
+from tessera.train.callbacks import Callback
+
+SKIPPED_SUFFIXES = (".md", ".txt", ".gitattributes", ".lock")
+SKIPPED_NAMES = {"LICENSE", "LICENCE", "NOTICE", "USE_POLICY"}
+CHUNK = 8 << 20
+FINGERPRINT_KEY = "base_fingerprint"  # in the run config every checkpoint stores
+
+
+class BaseModelChanged(ValueError):
+    """`model.pretrained` no longer holds the weights the run was trained on."""
+
+
+def fingerprinted_files(folder: Path) -> list[Path]:
+    """The files whose bytes make the model: the folder's top-level files but documentation and hidden ones."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
+                  and p.name not in SKIPPED_NAMES and not p.name.endswith(SKIPPED_SUFFIXES))
+
+
+def file_digest(path: Path) -> str:
+    digest = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def folder_fingerprint(folder: str | os.PathLike[str]) -> dict[str, Any]:
+    """{"digest": one hash over every file's name and hash, "files": {name: hash}} of a local model folder."""
+    files = {p.name: file_digest(p) for p in fingerprinted_files(Path(folder))}
+    overall = xxhash.xxh3_128()
+    for name, digest in files.items():
+        overall.update(f"{name}\t{digest}\n".encode())
+    return {"digest": overall.hexdigest(), "files": files}
+
+
+def fingerprint_folder_of(spec: PretrainedSpec) -> Path | None:
+    """The local folder to fingerprint for `model.pretrained`, None for a source that is not one
+    (a Tessera checkpoint, or a remote Tessera export)."""
+    url = spec.pretrained
+    if open_store(os.fspath(url)).exists("config.json"):  # a transformers folder or a Tessera export
+        if is_remote(url):
+            from tessera.llm.hf.load import is_transformers_folder
+
+            return local_model_folder(url, spec.cache_dir) if is_transformers_folder(url) else None
+        return local_model_folder(url)
+    return None
+
+
+def base_fingerprint(spec: PretrainedSpec) -> dict[str, Any] | None:
+    """What a run records of its base model (None when it is not fingerprinted, see the module docstring)."""
+    folder = fingerprint_folder_of(spec)
+    if folder is None:
+        return None
+    return {"folder": spec.pretrained, **folder_fingerprint(folder)}
+
+
+def changed_files(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    before, after = saved.get("files") or {}, now.get("files") or {}
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
+
+
+def check_base(saved: dict[str, Any] | None, spec: PretrainedSpec, where: str, override: str,
+               now: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Raise `BaseModelChanged` if the base `spec` names differs from the one fingerprinted in `saved`
+    (a checkpoint's record; None: nothing recorded, nothing to check). Returns the current fingerprint.
+    `override` is how the user proceeds anyway, named in the message."""
+    if not saved:
+        return now
+    now = now if now is not None else base_fingerprint(spec)
+    if now is None or now.get("digest") == saved.get("digest"):
+        return now
+    files = changed_files(saved, now)
+    shown = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+    raise BaseModelChanged(f"model.pretrained={spec.pretrained} is not the base {where} was trained on "
+                           f"(changed: {shown or 'the files'}); restore that model folder, or {override} "
+                           "to use the adapters on this one")
+
+
+class BaseCheck(Callback):
+    """Refuses to continue a run whose resumed checkpoint was trained on another base (on_fit_start runs
+    after the Trainer loaded it; `trainer.resumed` is that checkpoint's URL and config)."""
+
+    def __init__(self, spec: PretrainedSpec, now: dict[str, Any] | None) -> None:
+        self.spec, self.now = spec, now
+
+    def on_fit_start(self, trainer: Any) -> None:
+        resumed = getattr(trainer, "resumed", None)
+        if resumed is None or self.spec.allow_changed_base:
+            return
+        check_base(resumed["config"].get(FINGERPRINT_KEY), self.spec, resumed["url"],
+                   "set model.allow_changed_base=true", now=self.now)

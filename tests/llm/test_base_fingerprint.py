@@ -1,0 +1,71 @@
+"""The base model a LoRA run started from is fingerprinted: after its weights change (re-saved with other
+values, same shapes and sizes), `tessera train` refuses to resume and `tessera llm export` refuses to
+export, each in one line naming the folder (exit 1), and both proceed when told to."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hf_fixtures import chat_tokenizer, tiny_llama, write_chat_jsonl
+
+from tessera.llm.hf.fingerprint import changed_files, folder_fingerprint
+
+TESSERA = str(Path(sys.executable).with_name("tessera"))
+
+
+def tessera(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([TESSERA, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_fingerprint_follows_the_bytes_not_the_docs_or_times(tmp_path: Path) -> None:
+    base = tiny_llama(tmp_path / "base", seed=0)
+    before = folder_fingerprint(base)
+    assert "model.safetensors" in before["files"] and "config.json" in before["files"]
+    (base / "README.md").write_text("a model card\n")
+    os.utime(base / "model.safetensors", (1, 1))
+    assert folder_fingerprint(base) == before
+    size = (base / "model.safetensors").stat().st_size
+    tiny_llama(base, seed=1)  # other weights, the same shapes: the file keeps its size
+    assert (base / "model.safetensors").stat().st_size == size
+    assert changed_files(before, folder_fingerprint(base)) == ["model.safetensors"]
+
+
+def test_resume_and_export_refuse_a_changed_base(tmp_path: Path) -> None:
+    tokenizer = chat_tokenizer()
+    base = tiny_llama(tmp_path / "base", seed=0, tokenizer=tokenizer)
+    write_chat_jsonl(tmp_path / "chat.jsonl", 120)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "TESSERA_MODEL_CACHE": str(tmp_path / "models")}
+    save = tmp_path / "ckpt"
+    train = ["train", "finetune-lora-tiny.yaml", f"model.pretrained={base}", f"data.train.path={tmp_path / 'chat.jsonl'}",
+             f"save_folder={save}", "save_interval=2ba", "log_interval=2ba"]
+    done = tessera(*train, "max_duration=2ba", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    tiny_llama(base, seed=1, tokenizer=tokenizer)  # the base is replaced by another model of the same shape
+    resumed = tessera(*train, "max_duration=4ba", cwd=tmp_path, env=env)
+    assert resumed.returncode == 1, resumed.stderr[-3000:]
+    assert f"model.pretrained={base} is not the base" in resumed.stderr
+    assert "model.safetensors" in resumed.stderr and "model.allow_changed_base=true" in resumed.stderr
+    assert "Traceback" not in resumed.stderr
+    assert [p.name for p in save.iterdir() if p.name.startswith("ep")] == ["ep0-ba2"]  # nothing was saved
+
+    for extra in ([], ["--adapter-only"]):
+        exported = tessera("llm", "export", str(save), str(tmp_path / "out"), "--format", "hf", *extra,
+                           cwd=tmp_path, env=env)
+        assert exported.returncode == 1, exported.stderr[-3000:]
+        assert f"model.pretrained={base} is not the base" in exported.stderr
+        assert "--allow-changed-base" in exported.stderr and "Traceback" not in exported.stderr
+    assert not (tmp_path / "out").exists()
+
+    forced = tessera("llm", "export", str(save), str(tmp_path / "out"), "--format", "hf", "--adapter-only",
+                     "--allow-changed-base", cwd=tmp_path, env=env)
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert (tmp_path / "out" / "adapter_model.safetensors").exists()
+    resumed = tessera(*train, "max_duration=4ba", "model.allow_changed_base=true", cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The checkpoints after the override record the base they now continue from: export accepts it.
+    exported = tessera("llm", "export", str(save), str(tmp_path / "out2"), "--format", "hf", cwd=tmp_path, env=env)
+    assert exported.returncode == 0, exported.stderr[-3000:]
