@@ -58,10 +58,24 @@ def test_tiny_hf_llama_scores_through_the_adapter_and_bare(tmp_path):
     assert evaluate_icl(prepare_tasks(section(1).icl_tasks, tok, 256), bare, tok) == wrapped
 
 
-def _rank(rank: int, port: int, out: str) -> None:
+def join(rank: int, port: int) -> None:
+    """This process as `rank` of a 2-process job on this machine (one torch thread: 2 shared cores)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+
+
+def on_two_ranks(fn, out: Path) -> list:
+    """Run fn(rank, port, out) in 2 processes; what each wrote to out/rank<r>.json."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torch.multiprocessing.spawn(fn, args=(port, str(out)), nprocs=2)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+def _rank(rank: int, port: int, out: str) -> None:
+    join(rank, port)
     from tessera.train.distributed import init_distributed
 
     env = init_distributed(torch.device("cpu"))
@@ -73,11 +87,7 @@ def _rank(rank: int, port: int, out: str) -> None:
 
 
 def test_two_gloo_ranks_share_the_items_and_agree(tmp_path):
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    torch.multiprocessing.spawn(_rank, args=(port, str(tmp_path)), nprocs=2)
-    a, b = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    a, b = on_two_ranks(_rank, tmp_path)
     model, tok = small_model(max_seq_len=128), ByteTokenizer()
     alone = evaluate_icl(prepare_tasks(section(3).icl_tasks, tok, 128), model, tok)
     assert a == b
@@ -154,3 +164,28 @@ def test_bad_icl_task_config_is_one_line_naming_the_key(tmp_path, prepped, monke
     res = runner.invoke(app, train_args(prepped, override))
     assert res.exit_code == code, res.output
     assert key in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def _ddp_rank(rank: int, port: int, out: str) -> None:
+    """A DDP Trainer with the ICL callback: both ranks must hold the same scores at the same batches."""
+    join(rank, port)
+    from tessera.llm.icl.callback import ICLEvaluator
+    from tessera.train import Trainer
+
+    model, tok = small_model(max_seq_len=64), ByteTokenizer()
+    tokens = torch.randint(0, 256, (12, 2, 33), generator=torch.Generator().manual_seed(rank))
+    icl = ICLEvaluator(prepare_tasks(section(4).icl_tasks[:2], tok, 64), tok, "2ba", subset_num_batches=2)
+    trainer = Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
+                      train_dataloader=[{"tokens": t} for t in tokens[:3]], callbacks=[icl], max_duration="3ba",
+                      loggers=[], device="cpu", parallelism="ddp")
+    trainer.fit()
+    trainer.close()
+    Path(out, f"rank{rank}.json").write_text(json.dumps([(b, {k: v for k, v in m.items() if k != "icl/seconds"})
+                                                        for b, m in icl.history]))
+    torch.distributed.destroy_process_group()
+
+
+def test_the_callback_scores_alike_on_two_ddp_ranks(tmp_path):
+    a, b = on_two_ranks(_ddp_rank, tmp_path)
+    assert a == b and [batch for batch, _ in a] == [2, 3]
+    assert {"icl/lm/0-shot", "icl/mc/1-shot", "icl/average"} <= set(a[0][1])
