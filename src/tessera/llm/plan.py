@@ -58,28 +58,25 @@ def model_counts(recipe: Recipe) -> ModelCounts:
 
 
 def recipe_layout(recipe: Recipe, world_size: int, gpus_per_node: int) -> Layout:
-    """The Layout of the recipe's `parallelism`: `ddp`, `fsdp` (full_shard over every device), or a
-    parallelism section with a sharding strategy, tensor-parallel degree and activation checkpointing."""
+    """The Layout of the recipe's `parallelism`: the shorthands `ddp` and `fsdp` (full_shard over every
+    device), or a parallelism section (train/parallel/config.py: its `sharding`, `tp_degree`, `fsdp.shard`
+    and `activation_checkpointing.mode`), read by name so a plan needs nothing else of it."""
     section: Any = recipe.parallelism
     precision = recipe.precision.value
     if section is None or isinstance(section, str):
         sharding = {"fsdp": "full_shard", "ddp": "ddp"}.get(section or "", "none")
-        return Layout(world_size, sharding, world_size if sharding == "full_shard" else 1, 1, precision,  # type: ignore[arg-type]
-                      _ac(recipe))
-    strategy = str(_first(section, ("sharding", "strategy", "data_parallel", "fsdp"), "full_shard")).lower()
-    tp = int(_first(section, ("tp_degree", "tensor_parallel_degree", "tp"), 1) or 1)
-    sharding = {"fsdp": "full_shard", "no_shard": "ddp", "hsdp": "hybrid"}.get(strategy, strategy)
-    shard = {"hybrid": min(gpus_per_node, world_size) // tp}.get(sharding, world_size // tp)
-    ac = bool(_first(section, ("activation_checkpointing", "ac"), False))
-    return Layout(world_size, sharding, max(1, shard), tp, precision, ac or _ac(recipe))  # type: ignore[arg-type]
-
-
-def _first(section: Any, names: tuple[str, ...], default: Any) -> Any:
-    for name in names:
-        value = section.get(name) if isinstance(section, dict) else getattr(section, name, None)
-        if value is not None:
-            return value.value if hasattr(value, "value") and not isinstance(value, (int, bool)) else value
-    return default
+        shard = world_size if sharding == "full_shard" else 1
+        return Layout(world_size, sharding, shard, 1, precision, _ac(recipe))  # type: ignore[arg-type]
+    tp = int(getattr(section, "tp_degree", 1) or 1)
+    sharding = str(getattr(section, "sharding", "ddp"))
+    dp = max(1, world_size // tp)
+    fsdp = getattr(section, "fsdp", None)
+    if sharding == "hybrid":
+        shard = getattr(fsdp, "shard", None) or max(1, min(gpus_per_node // tp, dp))
+    else:
+        shard = dp if sharding in ("full_shard", "shard_grad_op") else 1
+    mode = getattr(getattr(section, "activation_checkpointing", None), "mode", "none")
+    return Layout(world_size, sharding, shard, tp, precision, mode != "none" or _ac(recipe))  # type: ignore[arg-type]
 
 
 def _ac(recipe: Recipe) -> bool:

@@ -2,7 +2,8 @@
 
     on_fit_start(trainer)              after resuming, before the first batch
     on_batch_end(trainer, metrics)     after each optimizer step (and the timestamp update); `metrics`
-                                       holds this batch's logged values ({} on batches not logged)
+                                       holds this batch's logged values (none on batches not logged)
+                                       and always "step_time", the step's seconds on the host clock
     on_eval_end(trainer, metrics)      after each evaluation, with its metrics ("eval/loss", ...)
     on_checkpoint_saved(trainer, info) when a checkpoint is committed (rank 0) or this rank's part is
                                        uploaded; runs on the background save thread (`CheckpointInfo`)

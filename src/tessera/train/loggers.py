@@ -79,6 +79,9 @@ class ProgressLogger(Logger):
             self._progress.start()
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if "summary/time/train_sec" in metrics:  # the Trainer's figures for the whole run, at its end
+            self._print(f"[summary] {_run_summary(metrics)}")
+            return
         info = _summary(metrics, step)
         if any(k.startswith("eval/") for k in metrics):
             self._print(f"[eval] {info}")
@@ -129,6 +132,25 @@ def _summary(metrics: dict[str, float], step: int) -> str:
             parts.append(f"{label} {metrics[key]:{fmt}}")
     parts += [f"{k.removeprefix('eval/')} {v:.4g}" for k, v in metrics.items()
               if k.startswith("eval/") and k != "eval/loss"]
+    return " | ".join(parts)
+
+
+def _run_summary(metrics: dict[str, float]) -> str:
+    """tokens/s, MFU, the step-time breakdown and the memory peak of a run, from its summary/ figures."""
+    m = {k.removeprefix("summary/"): v for k, v in metrics.items()}
+    parts = [f"{m['time/train_sec']:,.1f}s training"]
+    for key, label, fmt in (("throughput/tokens_per_sec", "tok/s", ",.0f"), ("throughput/samples_per_sec", "sp/s",
+                            ",.1f"), ("throughput/mfu", "mfu", ".1%")):
+        if key in m:
+            parts.append(f"{label} {m[key]:{fmt}}")
+    if m.get("time/step_sec"):
+        step = m["time/step_sec"]
+        shares = "/".join(f"{m.get(f'time/{k}_sec', 0.0) / step:.0%}"
+                          for k in ("data_wait", "forward_backward", "optimizer", "other"))
+        parts.append(f"step {step * 1e3:,.1f} ms (data/fwd+bwd/opt/other {shares})")
+    peak = m.get("memory/allocated_peak_gb", m.get("memory/rss_peak_gb"))
+    if peak is not None:
+        parts.append(f"memory peak {peak:.2f} GB" + (" (RSS)" if "memory/rss_peak_gb" in m else ""))
     return " | ".join(parts)
 
 

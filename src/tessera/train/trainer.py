@@ -55,9 +55,9 @@ from tessera.train.config import (
 from tessera.train.cpu_threads import limit_threads_if_oversubscribed
 from tessera.train.epochs import END, EpochIterator, loader_length
 from tessera.train.evaluation import evaluate, model_outputs
+from tessera.train.hardware import device_peak_flops
 from tessera.train.heartbeat import Heartbeat
 from tessera.train.loggers import RunInfo, make_loggers
-from tessera.train.metrics import Throughput, flops_per_token, peak_flops
 from tessera.train.microbatch import (
     AutoMicrobatch,
     batch_size_of,
@@ -69,6 +69,7 @@ from tessera.train.microbatch import (
     split_batch,
 )
 from tessera.train.schedule import lambda_lr
+from tessera.train.throughput import Throughput, flops_per_token
 from tessera.train.time import Time, Timestamp, TimeUnit, interval_fires
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,8 @@ class Trainer:
         self.run_name = self.checkpoints.run_name if self.checkpoints else (run_name or os.environ.get("RUN_NAME", ""))
         self.log_dir = Path(cfg.log_dir.replace("{run_name}", self.run_name or "run"))
         self.heartbeat = Heartbeat.from_env(self.run_name, self.rank)
-        self.throughput = Throughput()
+        self.throughput = Throughput(device=self.device)
+        self.summary: dict[str, float] = {}  # the run's throughput figures, set when fit() ends
         self.stop_requested = False
         self._pending_rng: dict[str, Any] | None = None
         self.resumed: dict[str, Any] | None = None  # the loaded checkpoint's URL and config, after fit() resumed
@@ -171,7 +173,7 @@ class Trainer:
         self._skipped = torch.zeros((), dtype=torch.int64, device=self.device)  # on_nonfinite="skip": on the device
         self._last_eval: Timestamp | None = None
         self._flops_per_token = flops_per_token(self.model)
-        self._peak_flops = peak_flops(self.device, self.precision.value)
+        self._peak_flops = device_peak_flops(self.device, self.precision.value)
 
     # --- the loop ----------------------------------------------------------------------------------------
 
@@ -185,6 +187,7 @@ class Trainer:
         try:
             while not self._finished():
                 t0 = time.perf_counter()
+                self.throughput.begin_step(t0)
                 batch = batches.next_batch()
                 data_wait = time.perf_counter() - t0
                 before = self.timestamp
@@ -198,7 +201,9 @@ class Trainer:
                 if before.batch_in_epoch == 0:
                     self.per_device_batch_size = check_batch_size(batch_size_of(batch), self.per_device_batch_size)
                 batch = move_to(batch, self.device)
+                self.throughput.start_phases()                  # CUDA events on a GPU: no sync
                 loss = self._train_batch(batch)                   # forward + backward over microbatches
+                self.throughput.mark("forward_backward")
                 grad_norm = self._clip_gradients()
                 skip = self._note_nonfinite(loss, grad_norm)    # None unless on_nonfinite="skip"
                 for opt in self.optimizers:
@@ -208,14 +213,16 @@ class Trainer:
                         self._step_unless(skip, opt)
                     opt.zero_grad(set_to_none=True)
                 self.scaler.update()
+                self.throughput.mark("optimizer")
                 self.timestamp = before.to_next_batch(*self._global_counts(batch))
                 for sched in self.schedulers:
                     sched.step()
                 if batches.epoch_done(self.timestamp.batch_in_epoch):  # a checkpoint now is an epoch end
                     self.timestamp = self.timestamp.to_next_epoch()
                     batches.open()
-                self.throughput.update(self.timestamp.sample, self.timestamp.token, data_wait)
-                metrics = self._log_batch(before, loss, grad_norm, batches.length)
+                step_time = self.throughput.update(self.timestamp.sample, self.timestamp.token, data_wait)
+                # the loss stays on the device except at log points; step_time is the host clock's
+                metrics = {**self._log_batch(before, loss, grad_norm, batches.length), "step_time": step_time}
                 for callback in self.callbacks:
                     callback.on_batch_end(self, metrics)
                 self._after_step(before, batches.length)           # eval, checkpoint, heartbeat
@@ -285,6 +292,8 @@ class Trainer:
 
     def _global_counts(self, batch: Any) -> tuple[int, int]:
         tokens = self.num_tokens_fn(batch) if self.num_tokens_fn is not None else count_tokens(batch)
+        if self._count_group is None:
+            return batch_size_of(batch), int(tokens)
         counts = torch.tensor([batch_size_of(batch), int(tokens)], dtype=torch.int64)
         if self._count_group is not None:
             torch.distributed.all_reduce(counts, group=self._count_group)
@@ -521,6 +530,9 @@ class Trainer:
 
     def _finish(self, started_at: Timestamp) -> None:
         trained = self.timestamp != started_at  # False when resuming a run that had already finished
+        self.summary = self.throughput.summary(self.world_size, self.timestamp.sample, self.timestamp.token,
+                                               self._flops_per_token, self._peak_flops)
+        self._log(self.summary)  # before the final eval and save, which are not training time
         if trained and self.eval_dataloader is not None and self._last_eval != self.timestamp:
             self.evaluate()
         if trained and self.checkpoints is not None:
