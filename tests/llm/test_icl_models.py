@@ -142,8 +142,10 @@ def test_tessera_train_logs_icl_metrics_at_eval_interval_and_at_the_end(tmp_path
     tasks = write_tasks(tmp_path / "tasks.yaml")
     gauntlet = ("eval_gauntlet={categories: [{name: choices, benchmarks: [{name: mc, num_fewshot: 0, "
                 "random_baseline: 0.25}, {name: schema, num_fewshot: 0, random_baseline: 0.5}]}]}")
-    res = runner.invoke(app, train_args(prepped, f"icl_tasks={tasks}", "icl_subset_num_batches=1", gauntlet))
+    res = runner.invoke(app, train_args(prepped, f"icl_tasks={tasks}", "icl_subset_num_batches=1", gauntlet,
+                                        "loggers=[progress, jsonl]"))
     assert res.exit_code == 0, res.output
+    assert "[icl] step 4 | lm/0-shot " in res.output and "[icl] step 6 |" in res.output
     rows = [json.loads(line) for line in (tmp_path / "logs" / "tiny-cpu" / "metrics.jsonl").read_text().splitlines()]
     icl = {row["step"]: row for row in rows if "icl/average" in row}
     assert sorted(icl) == [4, 6]

@@ -82,6 +82,10 @@ class ProgressLogger(Logger):
         if "summary/time/train_sec" in metrics:  # the Trainer's figures for the whole run, at its end
             self._print(f"[summary] {_run_summary(metrics)}")
             return
+        if "icl/average" in metrics:  # in-context-learning scores (a callback's): a line like eval's
+            self._print(f"[icl] step {step} | " + " | ".join(f"{k.removeprefix('icl/')} {v:.3f}"
+                                                             for k, v in metrics.items() if k != "icl/seconds"))
+            return
         info = _summary(metrics, step)
         if any(k.startswith("eval/") for k in metrics):
             self._print(f"[eval] {info}")
