@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 
 import pytest
 
@@ -136,3 +137,39 @@ def test_task_files_are_checked_line_by_line(tmp_path):
                                             ("tiny_schema", "schema"), ("tiny_qa", "question_answering")])
 def test_shipped_tasks_parse(name, kind):
     assert len(load_items(name, kind)) >= 20
+
+
+class WordPieces:
+    """A transformers-like tokenizer over whole words: with `implicit_space` each word carries its own
+    leading space as sentencepiece's do (decoding joins words with spaces; a space before the first word
+    is a piece of its own, as in Llama's), else spaces are tokens."""
+
+    eos_token_id, pad_token_id = 0, None
+
+    def __init__(self, implicit_space: bool) -> None:
+        self.implicit, self.vocab = implicit_space, ["</s>"]
+
+    def _id(self, piece: str) -> int:
+        if piece not in self.vocab:
+            self.vocab.append(piece)
+        return self.vocab.index(piece)
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict:
+        if self.implicit:
+            lead = ["\u2581"] if text.startswith(" ") else []
+            return {"input_ids": [self._id(w) for w in lead + text.split()]}
+        return {"input_ids": [self._id(p) for p in re.findall(r" |[^ ]+", text)]}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        pieces = [self.vocab[i] for i in ids]
+        return " ".join(pieces) if self.implicit else "".join(pieces)
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.vocab[i] for i in ids]
+
+
+def test_the_answer_space_follows_the_tokenizer():
+    assert not TokenizerView(WordPieces(implicit_space=True)).prefix_space  # sentencepiece adds it itself
+    assert TokenizerView(WordPieces(implicit_space=False)).prefix_space
+    tok = TokenizerView(WordPieces(implicit_space=True))
+    assert tok.answer("Paris") == "Paris" and tok.pad_id == tok.eos_id == 0
