@@ -8,7 +8,7 @@ from hf_fixtures import tiny_llama
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec
 from tessera.llm.hf.gpt_to_hf import gpt_to_hf
 from tessera.llm.hf.load import load_hf
-from tessera.train.distributed import fsdp_units
+from tessera.train.parallel import fsdp_units
 
 
 def test_fsdp_units_are_the_decoder_layers(tmp_path):

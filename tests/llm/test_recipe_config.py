@@ -27,7 +27,7 @@ def test_every_trainer_setting_is_a_recipe_key() -> None:
 def test_the_recipe_builds_the_trainer_config_with_every_setting() -> None:
     recipe = load_recipe("tiny-cpu.yaml", ["parallelism=fsdp", "save_keep_every_n=4", "data.eval.max_batches=3"])
     cfg = recipe.trainer_config()
-    assert cfg.parallelism == "fsdp" and cfg.save_keep_every_n == 4 and cfg.eval_subset_num_batches == 3
+    assert cfg.parallelism.data_parallel == "fsdp" and cfg.save_keep_every_n == 4 and cfg.eval_subset_num_batches == 3
     assert cfg.global_batch_size == recipe.global_train_batch_size and cfg.seed == recipe.seed == 17
     assert cfg.save_folder == "./runs/tiny-cpu/checkpoints" and str(cfg.max_duration) == "300ba"
 
@@ -70,7 +70,7 @@ def test_stream_checks_its_arguments_through_the_stream_config() -> None:
 def test_help_lists_every_key_from_the_schema() -> None:
     rows = {key: (kind, default, text) for key, kind, default, text in recipe_keys()}
     assert rows["max_duration"][1] == "required" and rows["seed"][1] == "17"
-    assert rows["precision"][0] == "fp32 | amp_bf16 | amp_fp16"
+    assert rows["precision"][0] == "fp32 | amp_bf16 | amp_fp16 | pure_bf16"
     assert rows["data.train.streams.N.remote"][2] == StreamConfig.model_fields["remote"].description
     result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0

@@ -1,22 +1,33 @@
-"""`tessera train RECIPE.yaml [key.path=value ...]`: train an LLM from one YAML file.
+"""`tessera train RECIPE.yaml [-n N] [key.path=value ...]`: train an LLM from one YAML file.
+
+`-n N` starts N processes on this machine (torchrun, through `tessera.train.launch`), each running this
+same command; under torchrun or an srun step the world is the job's. `--print-config` prints the merged
+recipe and, as comments after it (a `parallel_plan` key with --json), the parallel plan resolved for that
+world: mesh, dtypes, what is sharded, checkpointed and compiled.
 
 Bad input ends in one red line and no traceback (`--debug` shows it): exit 2 when the recipe or an
-override is wrong (the same validation `--print-config` runs), 1 when something the recipe names cannot
-be used (a missing dataset, tokenizer or bucket) or the run fails (a loss that is no longer finite).
+override is wrong (the same validation `--print-config` runs, the parallel plan included: a tensor-parallel
+degree that does not divide the world fails here, before any process starts), 1 when something the recipe
+names cannot be used (a missing dataset, tokenizer or bucket) or the run fails (a loss that is no longer
+finite).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 
 import typer
 import yaml
 
 from tessera.cli.console import fail
-from tessera.llm.recipe import RecipeError, load_recipe, recipe_keys, shipped_recipes
+from tessera.llm.hf.config import is_pretrained
+from tessera.llm.recipe import Recipe, RecipeError, load_recipe, recipe_keys, shipped_recipes
 from tessera.shards import ShardError
 from tessera.storage import StorageError
+from tessera.stream.world import resolve_world
+from tessera.train.parallel import ParallelismError, resolve_plan
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 
@@ -24,7 +35,11 @@ CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
 def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipped one: "
                                                  + ", ".join(shipped_recipes())),
           overrides: list[str] = typer.Argument(None, help="key.path=value overrides, e.g. model.n_layers=4."),
-          print_config: bool = typer.Option(False, "--print-config", help="Print the merged config and exit."),
+          nproc: int = typer.Option(None, "-n", "--nproc-per-node", min=1,
+                                    help="Processes to start on this machine (torchrun); default: one, or the "
+                                         "job's world under torchrun or srun."),
+          print_config: bool = typer.Option(False, "--print-config",
+                                            help="Print the merged config and the parallel plan, and exit."),
           as_json: bool = typer.Option(False, "--json", help="With --print-config or --plan: JSON."),
           plan: bool = typer.Option(False, "--plan", help="Print memory per GPU, FLOPs and expected tokens/s and "
                                                          "MFU for --gpu, then exit (no GPU needed)."),
@@ -40,14 +55,26 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
 
         print_plan(recipe, overrides or [], gpu, nodes, gpus_per_node, efficiency, as_json, debug)
         return
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # a process torchrun started
     try:
         cfg = load_recipe(recipe, overrides or [])
-    except RecipeError as exc:
+        world, local = (nproc, nproc) if nproc and not launched else _job_world()
+        parallel = resolve_plan(cfg.parallelism, world, local, _device_type(cfg), cfg.precision.value)
+        cfg.check_batches(parallel.dp_degree)
+    except (RecipeError, ParallelismError) as exc:
         fail(exc, code=2, debug=debug)
     if print_config:
-        data = cfg.dump()
-        typer.echo(json.dumps(data, indent=2) if as_json else yaml.safe_dump(data, sort_keys=False))
+        described = parallel.describe(_blocks(cfg))
+        if as_json:
+            typer.echo(json.dumps({**cfg.dump(), "parallel_plan": described}, indent=2))
+        else:
+            comment = yaml.safe_dump({"parallel_plan": described}, sort_keys=False,
+                                     default_flow_style=None).rstrip().splitlines()
+            typer.echo(yaml.safe_dump(cfg.dump(), sort_keys=False)
+                       + f"# resolved for {world} process(es):\n" + "\n".join(f"# {line}" for line in comment))
         return
+    if nproc and nproc > 1 and not launched:
+        raise typer.Exit(_launch(nproc, recipe, overrides or [], debug))
     from tessera.llm.train_run import DataUnavailable  # torch is imported only when training
     from tessera.llm.train_run import train as run
     from tessera.train.trainer import NonFiniteError
@@ -62,6 +89,38 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
     except (ValueError, OSError, StorageError, ShardError, DataUnavailable, NonFiniteError) as exc:
         fail(exc, code=1, debug=debug)
     raise typer.Exit(code)
+
+
+def _job_world() -> tuple[int, int]:
+    """(processes, processes per node) of the job this command runs in (1 outside torchrun or srun)."""
+    world = resolve_world()
+    return world.world_size, world.local_world_size
+
+
+def _device_type(cfg: Recipe) -> str:
+    """Where the run will compute: the recipe's device, else a GPU when there is one."""
+    if cfg.device:
+        return str(cfg.device).split(":")[0]
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _blocks(cfg: Recipe) -> str:
+    """The model's blocks as the plan names them (what is sharded, checkpointed and compiled)."""
+    if is_pretrained(cfg.model):
+        return "the decoder layers (the classes transformers lists in _no_split_modules)"
+    n = cfg.gpt_config().n_layers
+    return f"transformer.blocks.0..{n - 1}" if n > 1 else "transformer.blocks.0"
+
+
+def _launch(nproc: int, recipe: str, overrides: list[str], debug: bool) -> int:
+    """This command on `nproc` processes of this machine (torchrun runs `python -m tessera.cli.main train`
+    in each); the exit code of the first that failed, else 0."""
+    from tessera.train.launch import launch, plan_launch
+
+    args = ["train", recipe, *overrides, *(["--debug"] if debug else [])]
+    return launch(plan_launch(nproc, nnodes=1, env={}), "tessera.cli.main", args, module=True)
 
 
 def keys_help() -> str:

@@ -166,9 +166,9 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None, rope: Rope | None, layer: int,
                 cache: KVCache | None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = (t.view(B, T, self.cfg.n_heads, self.cfg.head_dim).transpose(1, 2)
-                   for t in self.Wqkv(x).split(C, dim=2))
+        B, T, _ = x.shape
+        # -1 heads: under tensor parallelism this rank computes only its share of the heads
+        q, k, v = (t.view(B, T, -1, self.cfg.head_dim).transpose(1, 2) for t in self.Wqkv(x).chunk(3, dim=-1))
         if rope is not None:
             q, k = rotate(q, *rope), rotate(k, *rope)
         if cache is not None:
@@ -178,7 +178,7 @@ class Attention(nn.Module):
         causal = attn_mask is None and T > 1
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=causal,
                                            dropout_p=self.cfg.dropout if self.training else 0.0)
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -248,6 +248,21 @@ class GPT(nn.Module):
             nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
+
+    def tp_plan(self) -> dict[str, str]:
+        """How tensor parallelism splits this model (module-name pattern -> style; the train layer applies
+        it, train/parallel/tensor_parallel.py): Megatron's layout with sequence parallelism. The fused QKV
+        and the MLP's first layer split their outputs (heads, hidden units), the output projections their
+        inputs; norms and the residual stream run on a slice of the sequence between them. Embeddings and
+        the tied output layer stay whole. Needs n_heads divisible by the degree."""
+        last = self.cfg.n_layers - 1
+        ends = {"transformer.blocks.0": "sequence_input", f"transformer.blocks.{last}": "sequence_output"}
+        if last == 0:
+            ends = {"transformer.blocks.0": "sequence_input+sequence_output"}
+        per_block = {"norm_1": "sequence_parallel", "attn": "attention_input", "attn.Wqkv": "colwise_fused_qkv",
+                     "attn.out_proj": "rowwise_to_sequence", "norm_2": "sequence_parallel", "ffn": "mlp_input",
+                     "ffn.up_proj": "colwise", "ffn.down_proj": "rowwise_to_sequence"}
+        return {**ends, **{f"transformer.blocks.*.{name}": style for name, style in per_block.items()}}
 
     # --- accounting (MFU) -------------------------------------------------------------------------
 

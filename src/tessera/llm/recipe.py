@@ -156,7 +156,9 @@ class Recipe(TrainingKeys, ICLSection):  # type: ignore[valid-type,misc]
             raise RecipeError(f"global_train_batch_size={g} is not divisible by the world size {world_size} "
                               f"(ranks): pick a multiple of {world_size}")
         per_device = g // world_size
-        if isinstance(mb, int) and (mb < 1 or per_device % mb):
+        # a microbatch of at least the per-device batch is the whole batch (the Trainer clamps it), so a
+        # recipe written for one process also runs on several
+        if isinstance(mb, int) and (mb < 1 or (mb < per_device and per_device % mb)):
             raise RecipeError(f"device_train_microbatch_size={mb} does not divide the per-device batch "
                               f"{per_device} (= global_train_batch_size {g} / world size {world_size})")
         return per_device

@@ -33,6 +33,7 @@ from pydantic import (
 
 from tessera.storage import StorageError, open_store
 from tessera.train.loggers import LOGGERS, Logger
+from tessera.train.parallel.config import ParallelismConfig
 from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
 from tessera.train.time import Time, TimeUnit
 from tessera.typed_config import one_message, storage_url
@@ -44,11 +45,14 @@ if TYPE_CHECKING:
 
 
 class Precision(StrEnum):
-    """`fp32`, or autocast to bfloat16 / float16 (float16 adds a gradient scaler)."""
+    """`fp32`, or autocast to bfloat16 / float16 (float16 adds a gradient scaler), or `pure_bf16`: the
+    weights themselves (and so gradients and optimizer state) in bfloat16, no autocast: half the memory of
+    fp32 weights, at the cost of bf16 rounding in every update."""
 
     FP32 = "fp32"
     AMP_BF16 = "amp_bf16"
     AMP_FP16 = "amp_fp16"
+    PURE_BF16 = "pure_bf16"
 
 
 def parse_precision(precision: str) -> Precision:
@@ -170,8 +174,8 @@ def _microbatch(value: Any) -> Any:
 
 
 def _parallelism(value: Any) -> Any:
-    if value not in ("ddp", "fsdp", None):
-        raise ValueError(f"unknown parallelism {value!r}; use 'ddp', 'fsdp' or None")
+    if isinstance(value, str) and value not in ("ddp", "fsdp", "none"):
+        raise ValueError(f"unknown parallelism {value!r}; use 'ddp', 'fsdp', None or a parallelism section")
     return value
 
 
@@ -264,8 +268,10 @@ class TrainerConfig(BaseModel):
     log_interval: Interval = Field("1ba", description="How often to log the training metrics.")
     device: Annotated[str | None, BeforeValidator(_device)] = Field(
         None, description="A torch device (cpu, cuda, cuda:1); None: the rank's GPU, else the CPU.")
-    parallelism: Annotated[Literal["ddp", "fsdp"] | None, BeforeValidator(_parallelism)] = Field(
-        "ddp", description="How the model is spread over ranks: ddp, fsdp, or None.")
+    parallelism: Annotated[ParallelismConfig, BeforeValidator(_parallelism)] = Field(
+        default_factory=ParallelismConfig, description="How the model is spread over ranks: ddp, fsdp, None "
+        "(shorthands), or a section (train/parallel/config.py): fsdp sharding and dtypes, tensor_parallel, "
+        "activation_checkpointing, compile, float8.")
 
     @model_validator(mode="after")
     def _needs_save_folder(self) -> TrainerConfig:

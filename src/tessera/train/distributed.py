@@ -1,8 +1,8 @@
-"""Distributed set-up, apart from models and the loop: who am I, the process group, DDP/FSDP2 wrapping,
-and the few collectives the trainer needs.
+"""Distributed set-up, apart from models and the loop: who am I, the process group, and the few
+collectives the trainer needs. How a model is spread over the processes (DDP, FSDP2, tensor parallelism,
+activation checkpointing, compile) is `tessera.train.parallel`'s.
 
     dist_env = init_distributed()               # from torchrun's or Slurm's variables; no-op for 1 process
-    model = parallelize(model, "ddp", device)   # DDP, FSDP2 (`fully_shard`) or nothing
 
 Who is in the job is decided by `tessera.stream.world` alone (its docstring has the order): torchrun's
 variables, else Slurm's in a task started by `srun` with one task per device (the first host of
@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -101,70 +101,7 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-# --- wrapping a model -------------------------------------------------------------------------------
-
-
-def fsdp_units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The submodules FSDP2 shards on their own, as the model says what its blocks are: its `fsdp_units()`
-    or `blocks()` method; else the modules of the classes a Hugging Face model lists in
-    `_no_split_modules` (its decoder layers); else every element of every `nn.ModuleList` (transformer
-    blocks). The root is always sharded last, on top."""
-    for name in ("fsdp_units", "blocks"):
-        method = getattr(model, name, None)
-        if callable(method) and not isinstance(method, torch.nn.Module):  # a method, not a `blocks` ModuleList
-            return list(method())
-    no_split = {name for module in model.modules() for name in (getattr(module, "_no_split_modules", None) or ())}
-    if no_split:
-        return [module for module in model.modules() if type(module).__name__ in no_split]
-    units = []
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList):
-            units.extend(module)
-    return units
-
-
-def parallelize(model: torch.nn.Module, parallelism: str | None, device: torch.device,
-                optimizers: Sequence[torch.optim.Optimizer] = ()) -> torch.nn.Module:
-    """Move `model` to `device` and wrap it for data parallelism: "ddp", "fsdp" or None.
-
-    Single-process runs are never wrapped. FSDP2 replaces the parameters with sharded ones, so the
-    optimizers' parameter groups are re-pointed to them (the optimizers must have no state yet).
-    """
-    model = model.to(device)
-    if parallelism is None or not is_distributed():
-        return model
-    if parallelism == "ddp":
-        from torch.nn.parallel import DistributedDataParallel
-
-        ids = [device.index] if device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
-    if parallelism == "fsdp":
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-
-        names = {id(p): name for name, p in model.named_parameters()}
-        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
-        for unit in fsdp_units(model):
-            fully_shard(unit, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        rebind_optimizers(optimizers, names, dict(model.named_parameters()))
-        return model
-    raise ValueError(f"unknown parallelism {parallelism!r}; use 'ddp', 'fsdp' or None")
-
-
-def rebind_optimizers(optimizers: Iterable[torch.optim.Optimizer], old_names: dict[int, str],
-                      new_params: dict[str, torch.nn.Parameter]) -> None:
-    """Point the optimizers at the parameters that replaced the old ones (matched by name)."""
-    for opt in optimizers:
-        if opt.state:
-            raise ValueError("an optimizer that has already stepped cannot be moved to FSDP parameters; "
-                             "create the optimizers before training starts")
-        for group in opt.param_groups:
-            try:
-                group["params"] = [new_params[old_names[id(p)]] for p in group["params"]]
-            except KeyError:
-                raise ValueError("an optimizer holds a parameter that is not in the model; pass optimizers "
-                                 "built from model.parameters()") from None
+# --- gradient synchronisation (wrapping a model is tessera.train.parallel's) --------------------------
 
 
 @contextlib.contextmanager

@@ -31,7 +31,9 @@ class LaunchPlan:
     master_addr: str | None
     master_port: int | None
 
-    def torchrun_args(self, script: str, script_args: Sequence[str]) -> list[str]:
+    def torchrun_args(self, script: str, script_args: Sequence[str], module: bool = False) -> list[str]:
+        """torchrun's arguments; `module`: `script` is a Python module run as `python -m` (`tessera train -n`
+        runs `tessera.cli.main` this way, in every process)."""
         args = [f"--nproc-per-node={self.nproc_per_node}"]
         if self.nnodes == 1 and self.master_addr is None:
             args.append("--standalone")
@@ -39,7 +41,7 @@ class LaunchPlan:
             args += [f"--nnodes={self.nnodes}", f"--node-rank={self.node_rank}",
                      f"--master-addr={self.master_addr or '127.0.0.1'}",
                      f"--master-port={self.master_port or DEFAULT_PORT}"]
-        return [*args, script, *script_args]
+        return [*args, *(["-m"] if module else []), script, *script_args]
 
 
 def plan_launch(nproc_per_node: int | None = None, nnodes: int | None = None, node_rank: int | None = None,
@@ -70,13 +72,13 @@ def plan_launch(nproc_per_node: int | None = None, nnodes: int | None = None, no
     return LaunchPlan(nproc_per_node, nnodes, node_rank, master_addr, master_port)
 
 
-def launch(plan: LaunchPlan, script: str, script_args: Sequence[str]) -> int:
+def launch(plan: LaunchPlan, script: str, script_args: Sequence[str], module: bool = False) -> int:
     """Run torchrun in this process; the exit code (non-zero if any worker failed)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     try:
-        torchrun_main(plan.torchrun_args(script, script_args))
+        torchrun_main(plan.torchrun_args(script, script_args, module))
     except ChildFailedError as exc:
         failures = list(exc.failures.values())
         code = failures[0].exitcode if failures else 1

@@ -68,6 +68,7 @@ from tessera.train.microbatch import (
     rng_snapshot,
     split_batch,
 )
+from tessera.train.parallel import clip_grad_norm_, parallelize, resolve_plan, total_grad_norm
 from tessera.train.schedule import lambda_lr
 from tessera.train.throughput import Throughput, flops_per_token
 from tessera.train.time import Time, Timestamp, TimeUnit, interval_fires
@@ -124,18 +125,21 @@ class Trainer:
 
         self.env = dist_utils.current_env()
         self.rank, self.world_size = self.env.rank, self.env.world_size
-        self.per_device_batch_size = per_device_batch_size(train_dataloader, cfg.global_batch_size, self.world_size)
+        self.device = torch.device(cfg.device) if cfg.device is not None else dist_utils.default_device(self.env)
+        # ranks of one tensor-parallel group see the same batch: the global batch counts data-parallel ranks
+        self.plan = resolve_plan(cfg.parallelism, self.world_size, self.env.local_world_size, self.device.type,
+                                 self.precision.value)
+        self.per_device_batch_size = per_device_batch_size(train_dataloader, cfg.global_batch_size, self.plan.dp_degree)
         self.loggers = make_loggers(cfg.loggers)  # an unavailable logger (tensorboard) fails here
         if save_folder is not None:
             check_save_folder(save_folder, run_name, self.rank)
-        self.device = torch.device(cfg.device) if cfg.device is not None else dist_utils.default_device(self.env)
         dist_utils.init_distributed(self.device)
         limit_threads_if_oversubscribed(self.device)
         self.microbatch = AutoMicrobatch(microbatch_size, auto, self.device)
         seed_all(cfg.seed + self.rank)
 
         self.optimizers = _listify(optimizers)
-        self.model = dist_utils.parallelize(model, cfg.parallelism, self.device, self.optimizers)
+        self.model = parallelize(model, self.plan, self.device, self.optimizers)
         self.timestamp = Timestamp()
         self.schedulers: list[Any] = []
         for sched in _listify(schedulers):
@@ -146,13 +150,15 @@ class Trainer:
                 self.schedulers += [lambda_lr(opt, resolved, lambda: self.timestamp) for opt in self.optimizers]
         self._amp_dtype = {Precision.AMP_BF16: torch.bfloat16, Precision.AMP_FP16: torch.float16}.get(self.precision)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision is Precision.AMP_FP16)
-        self._manual_sync = auto and self.world_size > 1 and cfg.parallelism == "ddp"
+        self._manual_sync = auto and self.world_size > 1 and self.plan.data_parallel == "ddp"
         self._count_group = torch.distributed.new_group(backend="gloo") if self.world_size > 1 else None
 
         self.train_dataloader, self.eval_dataloader = train_dataloader, eval_dataloader
         self.eval_subset_num_batches = cfg.eval_subset_num_batches
         self.loss_fn, self.num_tokens_fn = loss_fn, num_tokens_fn
-        self.grad_clip_norm, self.seed, self.parallelism = cfg.grad_clip_norm, cfg.seed, cfg.parallelism
+        self.grad_clip_norm, self.seed = cfg.grad_clip_norm, cfg.seed
+        declared = cfg.parallelism.data_parallel  # "ddp", "fsdp" or None, as configured (checkpoint meta, eval)
+        self.parallelism = None if declared == "none" else declared
         self.autoresume, self.load_path, self.load_weights_only = cfg.autoresume, cfg.load_path, cfg.load_weights_only
         self.callbacks = list(callbacks)
         self.checkpoints: CheckpointManager | None = None
@@ -283,11 +289,11 @@ class Trainer:
         for opt in self.optimizers:
             self.scaler.unscale_(opt)
         if self.grad_clip_norm is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)
+            norm = clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)  # across meshes (TP)
         elif self.scaler.is_enabled():
             return None
         else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+            norm = total_grad_norm(self.model.parameters())
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
     def _global_counts(self, batch: Any) -> tuple[int, int]:
@@ -297,7 +303,7 @@ class Trainer:
         counts = torch.tensor([batch_size_of(batch), int(tokens)], dtype=torch.int64)
         if self._count_group is not None:
             torch.distributed.all_reduce(counts, group=self._count_group)
-        samples, tokens = counts.tolist()
+        samples, tokens = (count // self.plan.tp_degree for count in counts.tolist())  # a TP group: one batch
         return samples, tokens
 
     def _finished(self) -> bool:

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tessera.train.distributed import fsdp_units
+from tessera.train.parallel import fsdp_units
 
 IGNORE_INDEX = -100
 
@@ -75,6 +75,18 @@ class HFCausalLM(nn.Module):
     def blocks(self) -> list[nn.Module]:
         """The decoder layers: modules of the classes transformers says must not be split."""
         return fsdp_units(self.hf)
+
+    def tp_plan(self) -> dict[str, str]:
+        """How tensor parallelism splits the wrapped model: the colwise/rowwise layers of the plan
+        transformers ships in the config (`base_model_tp_plan`, e.g. Llama's q/k/v/gate/up colwise, o/down
+        rowwise), under this adapter's prefix. Embeddings, norms and the output layer stay whole."""
+        plan = getattr(self.hf.config, "base_model_tp_plan", None) or {}
+        prefix = f"hf.{self.hf.base_model_prefix}."
+        styles = {name: style for name, style in plan.items() if style in ("colwise", "rowwise")}
+        if not styles:
+            raise ValueError(f"{type(self.hf).__name__} has no tensor-parallel plan in its config "
+                             "(base_model_tp_plan); set parallelism.tensor_parallel.degree=1")
+        return {prefix + name: style for name, style in styles.items()}
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

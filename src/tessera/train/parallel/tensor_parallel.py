@@ -1,0 +1,149 @@
+"""Tensor parallelism: the model says which of its modules split how (`tp_plan()`: module-name pattern ->
+style name), and this module applies those styles with DTensor's parallel styles over the `tp` mesh
+dimension (Megatron's layout, as torchtitan applies it):
+
+    colwise              a linear's output features split (ColwiseParallel): input whole, output split
+    colwise_fused_qkv    the same for a fused [q; k; v] projection: each rank gets its heads of q, k and v
+                         (a strided shard of the weight, so the saved weight is the ordinary one)
+    rowwise              a linear's input features split (RowwiseParallel): partial outputs all-reduced
+    rowwise_to_sequence  the same, reduce-scattered along the sequence instead (sequence parallelism)
+    sequence_parallel    a norm run on this rank's part of the sequence (SequenceParallel)
+    a+b                  both styles on the same modules (a one-block model's first and last block)
+    sequence_input       a block's input cut along the sequence (the first block)
+    sequence_output      a block's output gathered along the sequence (the last block)
+    attention_input      an attention module's input gathered along the sequence, and an additive mask
+                         with one slice per head (ALiBi) cut to this rank's heads
+    mlp_input            an MLP's input gathered along the sequence
+
+A Hugging Face model needs no method: its config's `base_model_tp_plan` (transformers writes one for
+Llama-family models) gives the colwise/rowwise layers. Without sequence parallelism the sequence styles
+are left out and rowwise_to_sequence is rowwise.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.distributed.tensor.placement_types import _StridedShard
+
+
+class FusedColwiseParallel(ColwiseParallel):
+    """ColwiseParallel for a projection whose output is `parts` equal chunks (q, k, v): each chunk is split
+    over the ranks, so rank r's output is [q_r | k_r | v_r] and the model splits it in three as usual."""
+
+    def __init__(self, parts: int = 3) -> None:
+        super().__init__()
+        self.parts = parts
+
+    def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: Any) -> None:
+        for pname, param in module.named_parameters():
+            placement = _StridedShard(0, split_factor=self.parts)
+            module.register_parameter(pname, nn.Parameter(distribute_tensor(param, device_mesh, [placement]),
+                                                          requires_grad=param.requires_grad))
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any,
+                           device_mesh: Any) -> Any:
+        return outputs.to_local()  # already this rank's [q_r | k_r | v_r]; no redistribution
+
+
+class AttentionInput(ParallelStyle):
+    """Before an attention module: the hidden states whole (gathered along the sequence when they arrive
+    split), and a mask with one slice per head cut to this rank's heads (contiguous, as the colwise split
+    of the projections gives them). The other arguments pass unchanged."""
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        degree, rank = device_mesh.size(), device_mesh.get_local_rank()
+
+        def prepare(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            x, *rest = args
+            if isinstance(x, DTensor):  # sequence parallelism: this rank's part of the sequence
+                x = x.redistribute(placements=[Replicate()]).to_local()
+            if rest and torch.is_tensor(rest[0]) and rest[0].dim() >= 3 and rest[0].size(-3) > 1:
+                heads = rest[0].size(-3)
+                if heads % degree:
+                    raise ValueError(f"{heads} attention heads cannot be split over tensor_parallel.degree={degree}")
+                rest[0] = rest[0].narrow(-3, rank * heads // degree, heads // degree)
+            return (x, *rest)
+
+        module.register_forward_pre_hook(prepare)
+        return module
+
+
+class SequenceInput(ParallelStyle):
+    """Before the first block: its (whole) hidden states cut along the sequence, kept a DTensor so the
+    residual stream stays split; the block's other arguments pass unchanged."""
+
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        def prepare(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            x, *rest = args
+            if not isinstance(x, DTensor):
+                x = DTensor.from_local(x, device_mesh, [Replicate()], run_check=False)
+            return (x.redistribute(placements=[Shard(1)]), *rest)
+
+        module.register_forward_pre_hook(prepare)
+        return module
+
+
+def _style(name: str, sequence_parallel: bool) -> ParallelStyle | None:
+    """The parallel style a plan names (None: nothing to do for it)."""
+    sp = sequence_parallel
+    gathered = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    styles: dict[str, Any] = {
+        "colwise": ColwiseParallel,
+        "colwise_fused_qkv": FusedColwiseParallel,
+        "rowwise": RowwiseParallel,
+        "rowwise_to_sequence": (lambda: RowwiseParallel(output_layouts=Shard(1), use_local_output=False)) if sp
+        else RowwiseParallel,
+        "sequence_parallel": SequenceParallel if sp else None,
+        "sequence_input": SequenceInput if sp else None,
+        "sequence_output": (lambda: PrepareModuleOutput(output_layouts=(Shard(1),),
+                                                        desired_output_layouts=(Replicate(),))) if sp else None,
+        "attention_input": AttentionInput,
+        "mlp_input": (lambda: gathered) if sp else None,
+    }
+    if name not in styles:
+        raise ValueError(f"unknown tensor-parallel style {name!r} in the model's tp_plan(); known: {sorted(styles)}")
+    make = styles[name]
+    return make() if make is not None else None
+
+
+def tp_plan(model: nn.Module) -> dict[str, str]:
+    """The model's plan: its `tp_plan()`, else a Hugging Face config's `base_model_tp_plan` (colwise and
+    rowwise entries, under the wrapped model's prefix)."""
+    method = getattr(model, "tp_plan", None)
+    if callable(method):
+        return dict(method())
+    raise ValueError(f"{type(model).__name__} has no tensor-parallel plan (a tp_plan() method naming how its "
+                     "layers split); set parallelism.tensor_parallel.degree=1")
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: bool = True) -> list[str]:
+    """Split the model's layers over `tp_mesh` as its plan says; the names of the modules split."""
+    names = [name for name, _ in model.named_modules()]
+    applied = []
+    for pattern, style_names in tp_plan(model).items():
+        matched = [name for name in names if fnmatch.fnmatchcase(name, pattern)]
+        if not matched:
+            raise ValueError(f"the model's tp_plan() names {pattern!r}, which matches no module")
+        for style_name in style_names.split("+"):  # "a+b": both styles on the same modules
+            style = _style(style_name, sequence_parallel)
+            if style is None:
+                continue
+            for name in matched:
+                parallelize_module(model.get_submodule(name), tp_mesh, style)
+                applied.append(name)
+    return applied
