@@ -42,6 +42,29 @@ def test_tiny_gpt_scores_the_same_in_any_batch_size():
     assert runs[0] == runs[1]
 
 
+def test_a_tiny_gpt_that_memorised_the_answers_picks_them():
+    """Trained on each multiple-choice query followed by its gold choice (loss on the choice only), the
+    model's scores pick the gold choices it did not pick untrained."""
+    tok = ByteTokenizer()
+    task = prepare_tasks(ICLSection.model_validate({"icl_tasks": [{**TASKS[1], "num_fewshot": [0]}]}).icl_tasks,
+                         tok, 64)[0]
+    rows = [(p.contexts[p.gold], p.continuations[p.gold]) for p in task.prompts]
+    width = max(len(c) + len(k) for c, k in rows)
+    tokens, labels = torch.full((len(rows), width), tok.eos_id), torch.full((len(rows), width), -100)
+    for i, (context, choice) in enumerate(rows):
+        tokens[i, :len(context) + len(choice)] = torch.tensor(context + choice)
+        labels[i, len(context):len(context) + len(choice)] = torch.tensor(choice)
+    model = small_model(max_seq_len=64).train()
+    before = evaluate_icl([task], model, tok)["icl/mc/0-shot"]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        loss = model({"tokens": tokens, "labels": labels})
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert before < 0.5 and evaluate_icl([task], model, tok)["icl/mc/0-shot"] >= 0.95
+
+
 def test_tiny_hf_llama_scores_through_the_adapter_and_bare(tmp_path):
     pytest.importorskip("transformers")
     from hf_fixtures import tiny_llama
