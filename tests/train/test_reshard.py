@@ -128,6 +128,23 @@ def test_the_loaded_weights_are_bitwise_the_saved_ones_on_one_and_three(saved, t
             assert torch.equal(alone["optimizers"][0]["state"][key][name], moments[name]), (key, name)
 
 
+def test_a_tensor_parallel_checkpoint_loads_on_one_process_and_into_three_fsdp_ranks(tmp_path):
+    """Another parallelism: 2 ranks split the MLP's layers (column-wise, then row-wise); the checkpoint
+    loads bitwise as full tensors alone, and into 3 FSDP2 ranks."""
+    url = str(tmp_path / "tp" / "ep0-ba1")
+    spawn_ranks(2, "tp", str(tmp_path / "tp"), str(tmp_path / "expected.pt"))
+    expected = torch.load(tmp_path / "expected.pt")
+    alone = CheckpointManager(url).load(url)
+    assert alone["checkpoint"]["world_size"] == 2
+    spawn_ranks(3, "load3", url, str(tmp_path / "on3.pt"))
+    on3 = torch.load(tmp_path / "on3.pt")
+    for key, value in expected["model"].items():
+        assert torch.equal(alone["model"][key], value) and torch.equal(on3["model"][key], value), key
+    for key, moments in expected["optim"].items():
+        for name in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(on3["optim"][key][name], moments[name]), (key, name)
+
+
 def test_export_of_a_sharded_gpt_checkpoint_is_one_safetensors_file(tmp_path):
     """2 FSDP ranks save a tiny GPT; `tessera llm export` (no process group) writes model.safetensors."""
     from tessera.cli.main import app
@@ -172,6 +189,36 @@ def _load_on_three(url: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+def _save_tensor_parallel(folder: str, expected: str) -> None:
+    """2 ranks: the MLP's first layer split column-wise, its last row-wise; one step, then a save."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from tessera.train.checkpoint import capture_state
+    from tessera.train.time import Timestamp
+
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = tr.MLP(dropout=0.0)
+    parallelize_module(model.net, init_device_mesh("cpu", (2,)), {"0": ColwiseParallel(), "3": RowwiseParallel()})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.manual_seed(1)  # the same batch on both ranks, as tensor parallelism needs
+    batch = {"x": torch.randn(6, tr.FEATURES), "y": torch.randint(0, tr.CLASSES, (6,)), "id": torch.arange(6)}
+    model(batch).backward()
+    opt.step()
+    ts = Timestamp().to_next_batch(6)
+    manager = CheckpointManager(folder)
+    manager.save(capture_state(model, [opt], timestamp=ts), ts)
+    manager.close()
+    msd, osd = get_state_dict(model, [opt], options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        torch.save({"model": dict(msd), "optim": dict(osd["state"])}, expected)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _save_gpt(folder: str, expected: str) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -203,4 +250,4 @@ def _save_gpt(folder: str, expected: str) -> None:
 if __name__ == "__main__":
     role, *rest = sys.argv[1:]
     torch.set_num_threads(1)
-    {"load3": _load_on_three, "gpt": _save_gpt}[role](*rest)
+    {"load3": _load_on_three, "tp": _save_tensor_parallel, "gpt": _save_gpt}[role](*rest)
