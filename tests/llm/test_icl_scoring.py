@@ -148,3 +148,25 @@ def test_task_config_accepts_foundrys_names():
     task = ICLTaskConfig.model_validate({"label": "x", "dataset_uri": "y", "num_fewshot": 3,
                                          "icl_task_type": "generation_task_with_answers"})
     assert task.icl_task_type == "question_answering" and task.num_fewshot == [3]
+
+
+def test_categories_are_tasks_of_their_own(tmp_path):
+    """has_categories: each category draws its examples from itself and is logged apart; the task's score
+    is the mean over its categories, whatever their sizes."""
+    import json
+
+    path = tmp_path / "cat.jsonl"
+    rows = [{"context": f"{c} {i}:", "continuation": f"{c}{i}", "category": c} for c in "ab" for i in range(3 + 3 * (c == "b"))]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = ICLTaskConfig(label="x", dataset_uri=str(path), icl_task_type="language_modeling", num_fewshot=[2],
+                        has_categories=True)
+    prepared = prepare_tasks([cfg], ByteTokenizer(), 256)
+    assert [t.key for t in prepared] == ["x/2-shot/a", "x/2-shot/b"] and [len(t.prompts) for t in prepared] == [3, 6]
+    tok = TokenizerView(ByteTokenizer())
+    assert all(b"b" not in bytes(p.contexts[0]) for p in prepared[0].prompts)  # a's examples come from a
+    only_a = [list(p.contexts[0]) + list(p.continuations[0]) for p in prepared[0].prompts]
+    metrics = evaluate_icl(prepared, Memorised(only_a), tok)
+    assert metrics == {"icl/x/2-shot/a": 1.0, "icl/x/2-shot/b": 0.0, "icl/x/2-shot": 0.5, "icl/average": 0.5}
+    path.write_text(json.dumps({"context": "c", "continuation": "d"}) + "\n")
+    with pytest.raises(ValueError, match=r"cat\.jsonl:1: has_categories needs a \"category\""):
+        prepare_tasks([cfg], ByteTokenizer(), 256)

@@ -54,6 +54,8 @@ class ICLTaskConfig(_Strict):
     cot_delimiter: str = Field("", description="question_answering: the answer follows the last of these.")
     max_new_tokens: int | None = Field(None, ge=1, description="question_answering: tokens generated; None: "
                                                                "the longest answer's.")
+    has_categories: bool = Field(False, description="Score each item \"category\" apart (icl/<label>/<n>-shot/"
+                                                    "<category>); the task's score is their mean.")
 
     @field_validator("icl_task_type", mode="before")
     @classmethod

@@ -139,3 +139,22 @@ def load_items(uri: str, task_type: str) -> list[Item]:
     """The items of a task file (see the module docstring for where it may live)."""
     text, where = read_task_text(uri)
     return parse_lines(text.splitlines(), task_type, where)
+
+
+def load_categories(uri: str, task_type: str) -> dict[str, list[Item]]:
+    """The items of a task file grouped by their "category" key, sorted by name (Foundry's
+    `has_categories`: each category is a task of its own, its few-shot examples drawn from itself)."""
+    text, where = read_task_text(uri)
+    lines = text.splitlines()
+    categories: list[str | None] = []
+    for number, line in enumerate(lines, 1):
+        try:
+            categories.append(str(json.loads(line)["category"]) if line.strip() else None)
+        except (json.JSONDecodeError, KeyError, TypeError):
+            raise TaskFileError(f"{where}:{number}: has_categories needs a \"category\" in every item") from None
+    names = sorted({c for c in categories if c is not None})
+    if not names:
+        raise TaskFileError(f"{where}: no items")
+    # other categories' lines left blank, so an error names the line of the file
+    return {name: parse_lines([line if c == name else "" for line, c in zip(lines, categories, strict=True)],
+                              task_type, where) for name in names}

@@ -22,7 +22,7 @@ import torch
 
 from tessera.llm.icl.config import GauntletConfig, ICLTaskConfig
 from tessera.llm.icl.gauntlet import aggregate
-from tessera.llm.icl.items import load_items
+from tessera.llm.icl.items import load_categories, load_items
 from tessera.llm.icl.prompts import (
     Prompted,
     TokenizerView,
@@ -48,10 +48,16 @@ class PreparedTask:
     num_fewshot: int
     prompts: list[Prompted]
     max_new_tokens: int = 0  # question answering
+    category: str | None = None  # has_categories: the items of this category only
+
+    @property
+    def name(self) -> str:
+        """What the task is reported as: `<label>/<n>-shot` (its categories' mean, with categories)."""
+        return f"{self.cfg.label}/{self.num_fewshot}-shot"
 
     @property
     def key(self) -> str:
-        return f"{self.cfg.label}/{self.num_fewshot}-shot"
+        return self.name if self.category is None else f"{self.name}/{self.category}"
 
     @property
     def items_per_batch(self) -> int:
@@ -65,18 +71,21 @@ def prepare_tasks(tasks: Sequence[ICLTaskConfig], tokenizer: Any, max_seq_len: i
     tok = tokenizer if isinstance(tokenizer, TokenizerView) else TokenizerView(tokenizer)
     prepared = []
     for cfg in tasks:
-        items = load_items(cfg.dataset_uri, cfg.icl_task_type)
+        groups = (load_categories(cfg.dataset_uri, cfg.icl_task_type) if cfg.has_categories
+                  else {None: load_items(cfg.dataset_uri, cfg.icl_task_type)})
         max_len = min(cfg.max_seq_len or max_seq_len, max_seq_len)
         new_tokens = 0
         if cfg.icl_task_type == "question_answering":
-            new_tokens = cfg.max_new_tokens or max_answer_tokens(items, tok, cfg.cot_delimiter)
+            every = [item for items in groups.values() for item in items]
+            new_tokens = cfg.max_new_tokens or max_answer_tokens(every, tok, cfg.cot_delimiter)
             if new_tokens >= max_len:
                 raise ValueError(f"icl_tasks {cfg.label}: answers of {new_tokens} tokens leave no room for the "
                                  f"prompt in max_seq_len={max_len}; set max_new_tokens lower")
         for shots in cfg.num_fewshot:
-            rows = [tokenize_prompt(p, tok, max_len - new_tokens, f"icl_tasks {cfg.label}")
-                    for p in build_prompts(items, cfg, shots)]
-            prepared.append(PreparedTask(cfg, shots, rows, new_tokens))
+            for category, items in groups.items():
+                rows = [tokenize_prompt(p, tok, max_len - new_tokens, f"icl_tasks {cfg.label}")
+                        for p in build_prompts(items, cfg, shots)]
+                prepared.append(PreparedTask(cfg, shots, rows, new_tokens, category))
     return prepared
 
 
@@ -146,7 +155,13 @@ def evaluate_icl(tasks: Sequence[PreparedTask], model: Any, tokenizer: Any, *, d
             module.train(was_training)
     totals = all_reduce_(torch.tensor(counts, dtype=torch.float64 if str(device) == "cpu" else torch.float32,
                                       device=device)).tolist()
-    scores = {t.key: (right / scored if scored else 0.0, scored) for t, (right, scored) in zip(tasks, totals, strict=True)}
-    metrics = {f"icl/{key}": acc for key, (acc, _) in scores.items()}
+    metrics: dict[str, float] = {}
+    parts: dict[str, list[tuple[float, float]]] = {}  # a task's categories (or just itself)
+    for task, (right, scored) in zip(tasks, totals, strict=True):
+        accuracy = right / scored if scored else 0.0
+        metrics[f"icl/{task.key}"] = accuracy
+        parts.setdefault(task.name, []).append((accuracy, scored))
+    scores = {name: (sum(a for a, _ in p) / len(p), sum(n for _, n in p)) for name, p in parts.items()}
+    metrics.update({f"icl/{name}": accuracy for name, (accuracy, _) in scores.items()})
     metrics.update(aggregate(scores, gauntlet))
     return metrics
