@@ -170,3 +170,20 @@ def test_categories_are_tasks_of_their_own(tmp_path):
     path.write_text(json.dumps({"context": "c", "continuation": "d"}) + "\n")
     with pytest.raises(ValueError, match=r"cat\.jsonl:1: has_categories needs a \"category\""):
         prepare_tasks([cfg], ByteTokenizer(), 256)
+
+
+def test_a_foundry_tasks_file_validates_as_written(tmp_path):
+    import yaml
+
+    path = tmp_path / "tasks.yaml"
+    path.write_text(yaml.safe_dump({"icl_tasks": [
+        {"label": "gsm", "dataset_uri": "eval/gsm.jsonl", "num_fewshot": [0], "icl_task_type":
+         "generation_task_with_answers", "cot_delimiter": "The answer is ", "continuation_delimiter": "\n\nA:",
+         "question_prelimiter": "", "do_normalization": False, "early_stopping_criteria": ["\n\n", "Question:"]},
+        {"label": "jeopardy", "dataset_uri": "eval/jeopardy.jsonl", "num_fewshot": [3],
+         "icl_task_type": "language_modeling", "continuation_delimiter": "\nAnswer: ", "has_categories": True},
+        {"label": "arc", "dataset_uri": "eval/arc.jsonl", "num_fewshot": [3, 25], "icl_task_type": "multiple_choice"},
+        {"label": "wino", "dataset_uri": "eval/wino.jsonl", "num_fewshot": [5], "icl_task_type": "schema"}]}))
+    section = ICLSection.model_validate({"icl_tasks": str(path)})
+    assert [t.icl_task_type for t in section.icl_tasks] == ["question_answering", "language_modeling",
+                                                           "multiple_choice", "schema"]
