@@ -43,8 +43,14 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
             workers: int = typer.Option(1, help="Processes that read and encode the input (same dataset for any N)."),
             mode: str = typer.Option("create", help="create | append | resume | overwrite."),
             text_field: str = typer.Option(None, help="Keep only this field (as 'text')."),
+            engine: str = typer.Option("local", help="local (processes here) | ray (Ray tasks, one part each)."),
+            address: str = typer.Option(None, help="--engine ray: the cluster (default: start a local Ray)."),
             as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Convert JSONL, Parquet, CSV/TSV, text files or an image folder to an MDS dataset."""
+    if engine not in ("local", "ray"):
+        fail(f"--engine must be local or ray, got {engine!r}")
+    if address and engine != "ray":
+        fail("--address needs --engine ray")
     try:
         cols = parse_columns(columns) if columns else None
         algos = [h.strip() for h in hashes.split(",")] if hashes else None
@@ -57,9 +63,15 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
                 secs = max(bar.tasks[0].elapsed or 1e-9, 1e-9)
                 bar.update(task, completed=chunks, rate=f"{samples:,} samples, {samples / secs:,.0f}/s", refresh=True)
 
-            summary = run_convert(input, out_url, fmt=fmt, columns=cols, compression=compression, hashes=algos,
-                                  size_limit=size_limit, workers=workers, mode=mode, text_field=text_field,
-                                  progress=progress)
+            options = dict(fmt=fmt, columns=cols, compression=compression, hashes=algos, size_limit=size_limit,
+                           workers=workers, mode=mode, text_field=text_field, progress=progress)
+            if engine == "ray":
+                from tessera.shards.ray_engine import convert_on_ray
+
+                bar.update(task, description="converting (parts)")
+                summary = convert_on_ray(input, out_url, address=address, **options)
+            else:
+                summary = run_convert(input, out_url, **options)
     except DatasetExists as exc:
         fail(exc.for_cli())
     except ERRORS as exc:

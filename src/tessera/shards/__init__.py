@@ -12,8 +12,12 @@ Byte-compatible with MosaicML Streaming's MDS format both ways. Main entry point
   the module of the same name.
 - `verify_dataset(url)`: check every file against the index; `repair_index(url)`: rebuild a lost
   index.json from the shard files; `merge_index(out)`: one index.json over parts written in parallel.
+- `MDSDatasink(out, columns)`: a Ray Data sink (`ds.write_datasink(...)`) writing parts and one merged index;
+  imported on first use, so Ray is only needed by those who use it.
 - Errors derive from `ShardError`; malformed files raise a `ShardFormatError` naming the file.
 """
+
+from typing import Any
 
 from tessera.shards.dataset import MDSDataset, read_index
 from tessera.shards.errors import (
@@ -50,3 +54,11 @@ __all__ = [
     "ShardReader", "ShardWriter", "TSVWriter", "TextShardReader", "TruncatedShard", "UnknownEncoding",
     "UnsafeEncoding", "WriterError", "XSVWriter", "merge_index", "read_index", "repair_index", "verify_dataset",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "MDSDatasink":  # needs Ray (the `ray` extra): imported only when asked for
+        from tessera.shards.ray_datasink import MDSDatasink
+
+        return MDSDatasink
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
