@@ -15,7 +15,8 @@ step's gradient collective, so a slow rank shows up on rank 0). Figures per run,
     after/normal  the stall the writer causes, as a ratio (1.0 = none)
     write       seconds the background thread took for one save (write, hash, upload, commit)
 
-Prints a table, then one JSON line with every figure.
+With `--repeats N` the settings run N times, interleaved (so a load that comes and goes hits them alike),
+and the table shows the medians over the repeats. Prints a table, then one JSON line with every figure.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--save-every", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=1, help="runs of each setting, interleaved; medians")
     ap.add_argument("--after", type=int, default=4, help="steps after a save counted as 'after'")
     ap.add_argument("--no-s3", action="store_true", help="skip SeaweedFS")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -149,17 +151,22 @@ def main() -> None:
             stack.callback(server.stop)
             os.environ.update(server.env())
             targets.append(("s3", "s3://bench/ckpt"))
-        for (target, url), parallelism, mode in itertools.product(targets, ("ddp", "fsdp"), ("bounded", "unbounded")):
+        runs: dict[tuple[str, str, str], list[dict[str, float]]] = {}
+        for _, (target, url), parallelism, mode in itertools.product(range(args.repeats), targets, ("ddp", "fsdp"),
+                                                                     ("bounded", "unbounded")):
             record = run_pair(args, parallelism, mode, f"{url}/{parallelism}-{mode}", Path(tmp) / "times.json")
+            row = summarize(record, args.after)
+            runs.setdefault((target, parallelism, mode), []).append(row)
+            print(json.dumps({"target": target, "parallelism": parallelism, "mode": mode, **row}), flush=True)
+        for (target, parallelism, mode), rows in runs.items():  # medians over the repeats
             results.append({"target": target, "parallelism": parallelism, "mode": mode,
-                            **summarize(record, args.after)})
-            print(json.dumps(results[-1]), flush=True)
+                            **{key: statistics.median(row[key] for row in rows) for key in rows[0]}})
     params = args.layers * (args.width * args.width + args.width)
     print(f"\n{params / 1e6:.1f}M params + AdamW ({params * 12 / 1e6:.0f} MB state), 2 gloo ranks, batch "
           f"{args.batch}, {args.steps} steps, a save every {args.save_every}, {os.cpu_count()} CPU(s)")
     print("\n".join(table(results)))
     print(json.dumps({"benchmark": "checkpoint_stall", "params": params, "batch": args.batch, "steps": args.steps,
-                      "save_every": args.save_every, "after": args.after, "cpus": os.cpu_count(),
+                      "save_every": args.save_every, "after": args.after, "repeats": args.repeats, "cpus": os.cpu_count(),
                       "results": results}))
 
 

@@ -17,6 +17,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,28 @@ def test_export_of_a_sharded_gpt_checkpoint_is_one_safetensors_file(tmp_path):
     assert sorted(exported) == sorted(expected)
     for key, value in expected.items():
         assert torch.equal(exported[key], value), key
+
+
+# --- the background writer's share of the CPU ------------------------------------------------------------
+
+
+def test_the_writer_runs_below_the_loops_priority_with_bounded_uploads(tmp_path, monkeypatch):
+    from tessera.train.checkpoint.throttle import default_upload_threads
+    from tessera.train.time import Timestamp
+
+    seen = []
+    manager = CheckpointManager(tmp_path / "ckpt", on_saved=lambda info: seen.append(
+        os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))  # on_saved runs on the save thread
+    ts = Timestamp().to_next_batch(1)
+    manager.save({"model": tr.MLP().state_dict(), "timestamp": ts.state_dict()}, ts)
+    manager.close()
+    loop = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    assert seen == [min(19, loop + 10)]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_upload_threads() == 1  # 2 cores per rank: uploads on the save thread alone
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert default_upload_threads() == 4
 
 
 # --- script roles ---------------------------------------------------------------------------------------
