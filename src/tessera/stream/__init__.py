@@ -1,18 +1,25 @@
 """Which sample goes where and when: deterministic, elastic, resumable streaming of MDS shards.
 
 `StreamingDataset` and `StreamingDataLoader` use MosaicML Streaming's parameter names; see
-docs/streaming.md for the differences. The order itself is a pure function (`plan`, `schedule`).
+docs/streaming.md for the differences.
+
+- `StreamingDataset(remote=..., local=..., streams=[Stream(...)], ...)`, `StreamingDataLoader(dataset)`:
+  the same global batches on any layout; `state_dict` / `load_state_dict` resume on any world size, and
+  a state that cannot apply to this run raises `PlanStateMismatch`.
+- The local cache: `cache_limit` bounds it by evicting shards (`CacheLimitError` when it is below what
+  the run needs);
+  `download_counts(local)` reads its download journal.
+- `streams_registry`: `Stream` subclasses by name, for `stream_name` / `stream_config`.
+
+The sample order itself is pure functions in `tessera.stream.batching` (import from its modules).
 """
 
-from tessera.stream.batching.epoch_plan import EpochPlan, PlanConfig, RunPlan
-from tessera.stream.batching.resume_state import PlanState, PlanStateMismatch
-from tessera.stream.cache import CacheLimitError, ShardCache, download_counts
+from tessera.stream.batching.resume_state import PlanStateMismatch
+from tessera.stream.cache import CacheLimitError, download_counts
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.loader import StreamingDataLoader
 from tessera.stream.registry import streams_registry
 from tessera.stream.streams import Stream
-from tessera.stream.world import World
 
-__all__ = ["CacheLimitError", "EpochPlan", "PlanConfig", "PlanState", "PlanStateMismatch", "RunPlan",
-           "ShardCache", "Stream", "StreamingDataLoader", "StreamingDataset", "World",
+__all__ = ["CacheLimitError", "PlanStateMismatch", "Stream", "StreamingDataLoader", "StreamingDataset",
            "download_counts", "streams_registry"]
