@@ -43,12 +43,24 @@ def test_memory_components_add_up_and_shard():
     fsdp = memory(counts, Layout(8, "full_shard", 8, 1, "amp_bf16"), microbatch=2)
     assert fsdp.weights == ddp.weights / 8 and fsdp.optimizer == ddp.optimizer / 8
     assert fsdp.activations == ddp.activations
-    zero2 = memory(counts, Layout(8, "shard_grad_op", 8, 1, "amp_bf16"), microbatch=2)
-    assert zero2.weights == ddp.weights and zero2.gradients == ddp.gradients / 8
+    zero2 = memory(counts, Layout(8, "shard_grad_op", 8, 1, "amp_bf16", param_dtype="bfloat16"), microbatch=2)
+    assert zero2.gradients == ddp.gradients / 8 and zero2.working_copies == 2e6  # every block stays gathered
     ac = memory(counts, Layout(8, "ddp", 1, 1, "amp_bf16", activation_checkpointing=True), microbatch=2)
-    assert ac.activations < ddp.activations
+    every2 = memory(counts, Layout(8, "ddp", 1, 1, "amp_bf16", "every_n", checkpoint_every=2), microbatch=2)
+    assert ac.activations < every2.activations < ddp.activations
     fp32 = memory(counts, Layout(8, "ddp", 1, 1, "fp32"), microbatch=2)
     assert fp32.working_copies == 0 and fp32.activations > ddp.activations
+    pure = memory(counts, Layout(8, "ddp", 1, 1, "pure_bf16"), microbatch=2)
+    assert (pure.weights, pure.optimizer, pure.working_copies) == (2e6, 4e6, 0)
+
+
+def test_the_recipe_layout_is_the_trainers_plan():
+    """Shard degrees come from the same resolve_plan the Trainer uses: hybrid shards within a node."""
+    recipe = load_for_plan("mpt-7b.yaml", ["parallelism.fsdp.sharding=hybrid",
+                                           "parallelism.activation_checkpointing=every_n"])
+    plan = plan_recipe(recipe, accelerator("H100"), nodes=4)
+    assert (plan.layout.world_size, plan.layout.sharding, plan.layout.shard_degree) == (32, "hybrid", 8)
+    assert plan.layout.ac_mode == "every_n" and plan.layout.param_dtype == "bfloat16"
 
 
 def test_a_plan_that_cannot_fit_warns_with_what_would():

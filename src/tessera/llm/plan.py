@@ -18,6 +18,7 @@ from tessera.llm.model import GPT
 from tessera.llm.recipe import Recipe, RecipeError, _read, apply_override, load_recipe
 from tessera.llm.recipe_required import unset_keys
 from tessera.train.hardware import Accelerator
+from tessera.train.parallel import resolve_plan
 from tessera.train.plan import GB, USABLE_FRACTION, Layout, ModelCounts, Plan, make_plan
 from tessera.train.time import TimeUnit
 
@@ -58,39 +59,33 @@ def model_counts(recipe: Recipe) -> ModelCounts:
 
 
 def recipe_layout(recipe: Recipe, world_size: int, gpus_per_node: int) -> Layout:
-    """The Layout of the recipe's `parallelism`: the shorthands `ddp` and `fsdp` (full_shard over every
-    device), or a parallelism section (train/parallel/config.py: its `sharding`, `tp_degree`, `fsdp.shard`
-    and `activation_checkpointing.mode`), read by name so a plan needs nothing else of it."""
-    section: Any = recipe.parallelism
-    precision = recipe.precision.value
-    if section is None or isinstance(section, str):
-        sharding = {"fsdp": "full_shard", "ddp": "ddp"}.get(section or "", "none")
-        shard = world_size if sharding == "full_shard" else 1
-        return Layout(world_size, sharding, shard, 1, precision, _ac(recipe))  # type: ignore[arg-type]
-    tp = int(getattr(section, "tp_degree", 1) or 1)
-    sharding = str(getattr(section, "sharding", "ddp"))
-    dp = max(1, world_size // tp)
-    fsdp = getattr(section, "fsdp", None)
-    if sharding == "hybrid":
-        shard = getattr(fsdp, "shard", None) or max(1, min(gpus_per_node // tp, dp))
+    """The Layout of the recipe's `parallelism` section resolved for `world_size` devices, `gpus_per_node`
+    per node, by the same `resolve_plan` the Trainer uses (so a plan and a run agree on shard degrees)."""
+    plan = resolve_plan(recipe.parallelism, world_size, min(gpus_per_node, world_size), "cuda",
+                        recipe.precision.value)
+    if plan.sharding == "hybrid":
+        shard = plan.mesh_shape[plan.mesh_dims.index("dp_shard")]
     else:
-        shard = dp if sharding in ("full_shard", "shard_grad_op") else 1
-    mode = getattr(getattr(section, "activation_checkpointing", None), "mode", "none")
-    return Layout(world_size, sharding, shard, tp, precision, mode != "none" or _ac(recipe))  # type: ignore[arg-type]
+        shard = plan.dp_degree if plan.sharding in ("full_shard", "shard_grad_op") else 1
+    ac = plan.activation_checkpointing
+    if ac == "none" and _ac(recipe):
+        ac = "full"
+    return Layout(world_size, plan.sharding, shard, plan.tp_degree, recipe.precision.value, ac,  # type: ignore[arg-type]
+                  plan.checkpoint_every, plan.param_dtype)
 
 
 def _ac(recipe: Recipe) -> bool:
+    """A pretrained model's own switch (model.gradient_checkpointing) counts as full checkpointing."""
     return bool(recipe.model.get("gradient_checkpointing") or recipe.model.get("activation_checkpointing"))
 
 
 def plan_recipe(recipe: Recipe, device: Accelerator, nodes: int = 1, gpus_per_node: int | None = None,
-                efficiency: float | None = None, activation_checkpointing: bool | None = None) -> Plan:
+                efficiency: float | None = None, activation_checkpointing: bool | str | None = None) -> Plan:
     per_node = gpus_per_node or device.gpus_per_node
     world = nodes * per_node
     layout = recipe_layout(recipe, world, per_node)
     if activation_checkpointing is not None:
-        layout = Layout(layout.world_size, layout.sharding, layout.shard_degree, layout.tp_degree,
-                        layout.precision, activation_checkpointing)
+        layout = layout.with_ac(activation_checkpointing)
     per_device = recipe.check_batches(world // layout.tp_degree)
     mb = recipe.device_train_microbatch_size
     kwargs = {"efficiency": efficiency} if efficiency is not None else {}
@@ -105,7 +100,7 @@ def plan_dict(plan: Plan, recipe: Recipe) -> dict[str, Any]:
     c, lay = plan.counts, plan.layout
     return {"gpu": plan.device.name, "devices": lay.world_size, "sharding": lay.sharding,
             "shard_degree": lay.shard_degree, "tp_degree": lay.tp_degree, "precision": lay.precision,
-            "activation_checkpointing": lay.activation_checkpointing, "params": c.params, "trainable": c.trainable,
+            "activation_checkpointing": lay.ac_mode, "params": c.params, "trainable": c.trainable,
             "flops_per_token": c.flops_per_token, "microbatch": plan.microbatch,
             "memory_gb": plan.memory.gb(), "memory_gb_other_ac": plan.memory_other_ac.gb(),
             "usable_gb": plan.device.memory_gb * USABLE_FRACTION, "fits": plan.fits,
@@ -130,9 +125,10 @@ def render(plan: Plan, recipe: Recipe, name: str) -> str:
              f"model: {c.params / 1e9:.3f}B parameters ({c.trainable / 1e9:.3f}B trainable), {c.n_layers} layers, "
              f"d_model {c.d_model}, vocab {c.vocab_size}, sequence {c.seq_len}",
              f"FLOPs per token (training, the model's flops_per_token): {c.flops_per_token:.3e}"]
-    ac_now = "with" if lay.activation_checkpointing else "without"
-    ac_other = "without" if lay.activation_checkpointing else "with"
-    lines.append(f"memory per GPU (GB), microbatch {plan.microbatch}:  {ac_now + ' AC':>11}  {ac_other + ' AC':>11}")
+    ac_now = f"AC {lay.ac_mode}"
+    ac_other = "AC none" if lay.ac_mode != "none" else "AC full"
+    title = f"memory per GPU (GB), microbatch {plan.microbatch}:"
+    lines.append(f"{title:<37}{ac_now:>11}  {ac_other:>11}")
     now, other = plan.memory.gb(), plan.memory_other_ac.gb()
     for key, label in (("weights", "weights (fp32)"), ("working_copies", "working copies (compute dtype)"),
                        ("gradients", "gradients"), ("optimizer", "optimizer state (AdamW)"),
@@ -149,7 +145,7 @@ def render(plan: Plan, recipe: Recipe, name: str) -> str:
         lines.append(f"throughput at an assumed {plan.efficiency:.0%} hardware FLOPs utilisation "
                      f"(--efficiency): {plan.tokens_per_sec_per_device:,.0f} tokens/s per GPU, "
                      f"{plan.tokens_per_sec:,.0f} tokens/s in all, expected MFU {plan.mfu:.1%}"
-                     + (" (recomputation is not model FLOPs)" if lay.activation_checkpointing else ""))
+                     + (" (recomputation is not model FLOPs)" if lay.ac_mode != "none" else ""))
         step = _step_seconds(plan, recipe)
         lines.append(f"step: {recipe.global_train_batch_size} x {c.seq_len} tokens in ~{step:.2f} s"
                      + _duration(recipe, step, lay.world_size))

@@ -75,7 +75,7 @@ ACCELERATORS: list[Accelerator] = [
     Accelerator("MI250X", 128, {"bf16": 383 * TERA, "fp16": 383 * TERA, "fp32": 47.9 * TERA}, patterns=("MI250X",)),
 ]
 PLAN_GPUS = ("A100-40GB", "A100-80GB", "H100", "H200", "trn1")
-DTYPE_OF_PRECISION = {"amp_bf16": "bf16", "amp_fp16": "fp16", "fp32": "fp32", "amp_fp8": "fp8"}
+DTYPE_OF_PRECISION = {"amp_bf16": "bf16", "amp_fp16": "fp16", "pure_bf16": "bf16", "fp32": "fp32"}
 
 
 def accelerator(name: str) -> Accelerator:

@@ -13,21 +13,22 @@ layout from the recipe's parallelism, the device from `hardware.py`.
 Memory per device, in bytes (N = parameters, T = trainable parameters, s = shard degree of the states,
 t = tensor-parallel degree, m = microbatch, L = sequence length):
 
-- weights: N x 4 / (s x t). The weights stay fp32 under autocast (bf16/fp16 run as casts inside ops);
-  DDP and FSDP's `shard_grad_op` keep them whole (s = 1 for weights), `full_shard` and `hybrid` shard
-  them over the shard group.
-- working copies: the low-precision weights the step computes with. DDP under autocast keeps a cast of
-  every weight for the forward (autocast's cache, N x 2 / t); FSDP gathers the weights of one block at a
-  time and prefetches the next, two blocks' worth in the compute dtype.
-- gradients: T x 4 / (s x t), sharded by every FSDP strategy, whole under DDP.
-- optimizer state: AdamW's two moments, T x 8 / (s x t).
+- weights: N x w / (s x t), w = 4 (fp32; they stay fp32 under autocast) or 2 (`pure_bf16`). DDP keeps
+  them whole (s = 1 for weights); every FSDP strategy stores them sharded over the shard group.
+- working copies: the weights the step computes with, besides the stored ones. DDP under autocast keeps
+  a cast of every weight for the forward (autocast's cache, N x 2 / t); FSDP `full_shard` and `hybrid`
+  gather one block at a time and prefetch the next (two blocks in `param_dtype`, fp32 without one);
+  `shard_grad_op` keeps every gathered block from forward to backward (N in `param_dtype` / t).
+- gradients: T x w / (s x t), sharded by every FSDP strategy, whole under DDP.
+- optimizer state: AdamW's two moments in the weights' dtype, T x 2w / (s x t).
 - activations, kept for the backward, per layer and token: 34 x d_model bytes at 16-bit (Korthikanti et
   al. 2022, "Reducing Activation Recomputation in Large Transformer Models", eq. 2, with a fused attention
   kernel so the 5 x heads x L / d_model term of the scores is gone), doubled at fp32, divided by t
-  (tensor parallelism with sequence parallelism). With activation checkpointing a layer keeps only its
-  input (2 x d_model bytes at 16-bit) and one layer is recomputed at a time (its full 34 x d_model).
-  Plus the output layer: logits in the compute dtype and an fp32 copy for the cross-entropy,
-  vocab x (bytes + 4) per token. All of it x m x L tokens.
+  (tensor parallelism with sequence parallelism). A checkpointed layer keeps only its input (2 x d_model
+  at 16-bit) and one layer is recomputed at a time (its full 34 x d_model); `every_n` checkpoints every
+  n-th layer; `selective` (op-level) is counted as keeping half of a layer (17 x d_model), the attention
+  and every other matmul output. Plus the output layer: logits in the compute dtype and an fp32 copy for
+  the cross-entropy, vocab x (bytes + 4) per token. All of it x m x L tokens.
 
 A device fits the plan when the total is at most `USABLE_FRACTION` of its memory: the rest goes to the
 CUDA context, NCCL buffers and the allocator's fragmentation. These are estimates (within ~10-20% of
@@ -42,7 +43,8 @@ utilisation gives MFU x 6/8 with it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from tessera.train.hardware import DTYPE_OF_PRECISION, Accelerator
@@ -52,7 +54,9 @@ USABLE_FRACTION = 0.9
 DEFAULT_EFFICIENCY = 0.45  # assumed hardware FLOPs utilisation of a well-tuned dense transformer step
 ACT_BYTES_PER_TOKEN_LAYER_16BIT = 34  # x d_model; Korthikanti et al. 2022 without the attention-score term
 CHECKPOINTED_BYTES_16BIT = 2  # x d_model: a checkpointed layer keeps its input only
+SELECTIVE_BYTES_16BIT = 17  # x d_model: op-level checkpointing keeps about half of a layer
 Sharding = Literal["none", "ddp", "full_shard", "shard_grad_op", "hybrid"]
+FSDP = ("full_shard", "shard_grad_op", "hybrid")
 
 
 @dataclass(frozen=True)
@@ -77,8 +81,10 @@ class Layout:
     sharding: Sharding = "ddp"
     shard_degree: int = 1  # devices one FSDP shard group spans (hybrid: within a node; full_shard: all)
     tp_degree: int = 1
-    precision: str = "amp_bf16"  # a Trainer precision: fp32, amp_bf16, amp_fp16
-    activation_checkpointing: bool = False
+    precision: str = "amp_bf16"  # a Trainer precision: fp32, amp_bf16, amp_fp16, pure_bf16
+    activation_checkpointing: bool | str = False  # True/"full", "every_n", "selective"; False/"none"
+    checkpoint_every: int = 1  # every_n: every n-th layer is checkpointed
+    param_dtype: str | None = None  # FSDP's compute dtype for gathered weights (bfloat16...); None: theirs
 
     def __post_init__(self) -> None:
         if self.tp_degree < 1 or self.shard_degree < 1 or self.world_size < 1:
@@ -87,13 +93,17 @@ class Layout:
             raise ValueError(f"tensor-parallel degree {self.tp_degree} does not divide {self.world_size} devices")
 
     @property
-    def states_shard(self) -> int:
-        """Over how many devices gradients and optimizer states are split (besides tensor parallelism)."""
-        return self.shard_degree if self.sharding in ("full_shard", "shard_grad_op", "hybrid") else 1
+    def ac_mode(self) -> str:
+        mode = self.activation_checkpointing
+        return {True: "full", False: "none"}.get(mode, mode) if isinstance(mode, bool) else mode
 
     @property
-    def weights_shard(self) -> int:
-        return self.shard_degree if self.sharding in ("full_shard", "hybrid") else 1
+    def shard(self) -> int:
+        """Over how many devices weights, gradients and optimizer states are split (besides TP)."""
+        return self.shard_degree if self.sharding in FSDP else 1
+
+    def with_ac(self, mode: bool | str) -> Layout:
+        return replace(self, activation_checkpointing=mode)
 
 
 @dataclass(frozen=True)
@@ -149,34 +159,51 @@ class Plan:
 
     @property
     def _recompute_factor(self) -> float:
-        return 8 / 6 if self.layout.activation_checkpointing else 1.0
+        """Hardware FLOPs over model FLOPs: a checkpointed layer runs its forward (2N of 6N) twice."""
+        mode, n = self.layout.ac_mode, self.counts.n_layers
+        share = {"none": 0.0, "full": 1.0, "selective": 0.5,
+                 "every_n": math.ceil(n / max(1, self.layout.checkpoint_every)) / max(1, n)}.get(mode, 1.0)
+        return 1.0 + share * 2 / 6
 
 
-def _bytes_of(precision: str) -> int:
-    return 4 if DTYPE_OF_PRECISION.get(precision, precision) == "fp32" else 2
+_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8": 1}
+
+
+def _compute_bytes(layout: Layout) -> int:
+    """Bytes of an activation: 2 under autocast, pure bf16 or an FSDP param_dtype of 16 bits, else 4."""
+    if layout.param_dtype is not None and _BYTES.get(layout.param_dtype, 4) == 2:
+        return 2
+    return _BYTES.get(DTYPE_OF_PRECISION.get(layout.precision, layout.precision), 4)
 
 
 def memory(counts: ModelCounts, layout: Layout, microbatch: int) -> Memory:
     """Bytes per device for one microbatch of `microbatch` sequences (see the module docstring)."""
-    t, act_bytes = layout.tp_degree, _bytes_of(layout.precision)
-    low_precision = act_bytes == 2
-    weights = counts.params * 4 / (layout.weights_shard * t)
-    if layout.sharding in ("full_shard", "hybrid") and layout.shard_degree > 1:
+    t, act_bytes = layout.tp_degree, _compute_bytes(layout)
+    w = 2 if layout.precision == "pure_bf16" else 4  # what the weights, gradients and Adam moments are stored in
+    gathered = _BYTES.get(layout.param_dtype or "", w)
+    weights = counts.params * w / (layout.shard * t)
+    if layout.sharding in ("full_shard", "hybrid") and layout.shard > 1:
         block = counts.block_params or counts.params / max(1, counts.n_layers)
-        working = 2 * block * act_bytes / t  # the gathered block and the prefetched next one
+        working = 2 * block * gathered / t  # the gathered block and the prefetched next one
+    elif layout.sharding == "shard_grad_op" and layout.shard > 1:
+        working = counts.params * gathered / t  # gathered blocks stay until their backward
     else:
-        working = counts.params * 2 / t if low_precision else 0.0  # autocast's cast of every weight
-    gradients = counts.trainable * 4 / (layout.states_shard * t)
-    optimizer = counts.trainable * 8 / (layout.states_shard * t)
-    tokens = microbatch * counts.seq_len
+        working = counts.params * 2 / t if w == 4 and act_bytes == 2 else 0.0  # autocast's cast of every weight
+    gradients = counts.trainable * w / (layout.shard * t)
+    optimizer = counts.trainable * 2 * w / (layout.shard * t)
     scale = act_bytes / 2
     full_layer = ACT_BYTES_PER_TOKEN_LAYER_16BIT * counts.d_model * scale / t
-    if layout.activation_checkpointing:
-        per_token = counts.n_layers * CHECKPOINTED_BYTES_16BIT * counts.d_model * scale / t + full_layer
-    else:
+    kept = {"full": CHECKPOINTED_BYTES_16BIT, "every_n": CHECKPOINTED_BYTES_16BIT,
+            "selective": SELECTIVE_BYTES_16BIT}.get(layout.ac_mode)
+    if kept is None:
         per_token = counts.n_layers * full_layer
+    else:
+        every = layout.checkpoint_every if layout.ac_mode == "every_n" else 1
+        checkpointed = math.ceil(counts.n_layers / max(1, every))
+        per_token = (checkpointed * kept * counts.d_model * scale / t
+                     + (counts.n_layers - checkpointed) * full_layer + full_layer)  # + the layer being recomputed
     per_token += counts.vocab_size * (act_bytes + 4) / t  # logits and the fp32 copy the loss reads
-    return Memory(weights, working, gradients, optimizer, per_token * tokens)
+    return Memory(weights, working, gradients, optimizer, per_token * microbatch * counts.seq_len)
 
 
 def make_plan(counts: ModelCounts, layout: Layout, device: Accelerator, per_device_batch: int,
@@ -184,7 +211,7 @@ def make_plan(counts: ModelCounts, layout: Layout, device: Accelerator, per_devi
     """The plan for `microbatch` sequences per forward (None: the whole per-device batch, as "auto" starts)."""
     mb = microbatch or per_device_batch
     mem = memory(counts, layout, mb)
-    other = memory(counts, _with_ac(layout, not layout.activation_checkpointing), mb)
+    other = memory(counts, layout.with_ac("none" if layout.ac_mode != "none" else "full"), mb)
     budget = device.memory_gb * GB * USABLE_FRACTION
     largest, size = 0, per_device_batch
     while size >= 1:
@@ -202,10 +229,6 @@ def make_plan(counts: ModelCounts, layout: Layout, device: Accelerator, per_devi
                 warnings)
 
 
-def _with_ac(layout: Layout, on: bool) -> Layout:
-    return Layout(layout.world_size, layout.sharding, layout.shard_degree, layout.tp_degree, layout.precision, on)
-
-
 def _does_not_fit(mem: Memory, other: Memory, layout: Layout, device: Accelerator, budget: float, mb: int,
                   largest: int) -> str:
     """One line: by how much the plan misses, and the changes that would make it fit."""
@@ -213,14 +236,14 @@ def _does_not_fit(mem: Memory, other: Memory, layout: Layout, device: Accelerato
     hints = []
     states = mem.weights + mem.gradients + mem.optimizer + mem.working_copies
     if states > budget:
-        if layout.sharding in ("ddp", "none", "shard_grad_op"):
+        if layout.sharding in ("ddp", "none"):
             hints.append("sharding the weights and states (parallelism: fsdp)")
         hints.append(f"more devices per shard group or a larger GPU (weights, gradients and AdamW states alone "
                      f"take {states / GB:.1f} GB per device)")
     else:
         if largest:
             hints.append(f"a microbatch of {largest} (device_train_microbatch_size={largest}, or auto)")
-        if not layout.activation_checkpointing and other.total <= budget:
+        if layout.ac_mode == "none" and other.total <= budget:
             hints.append(f"activation checkpointing ({other.total / GB:.1f} GB)")
     return (f"does not fit: {need:.1f} GB per device needed with microbatch {mb}, {have:.1f} GB usable on "
             f"{device.name} ({USABLE_FRACTION:.0%} of {device.memory_gb:g} GB); try: " + "; or ".join(hints))
