@@ -51,11 +51,15 @@ class DataUnavailable(RuntimeError):
 
 
 def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int, tokenizer: Any = None,
-                 section: str = "data.train") -> StreamingDataLoader:
+                 section: str = "data.train", replication: int = 1) -> StreamingDataLoader:
+    """`replication`: consecutive ranks that read the same samples (a tensor-parallel group)."""
     if spec.path:  # fine-tuning examples: prepared once into a local cache, then streamed like streams
+        if replication > 1:
+            raise RecipeError(f"{section}.path: fine-tuning examples are not yet read the same by the ranks of a "
+                              "tensor-parallel group; use parallelism.tensor_parallel.degree=1")
         return example_loader(spec, batch_size, seq_len, tokenizer, section)
     ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
-                          columns=["tokens"], **spec.dataset_options())
+                          columns=["tokens"], replication=replication, **spec.dataset_options())
     # Tessera's fixed windows stack as they are; LLM Foundry's ndarray:int32 / bytes tokens need a collate.
     collate = token_collate([(st.label, tokens_encoding(st.entries)) for st in ds.streams if st.entries], seq_len,
                             spec.token_encoding_type)
@@ -108,12 +112,13 @@ def make_trainer(recipe: Recipe) -> Trainer:
     model), so a missing path fails before gigabytes of weights are allocated."""
     if recipe.torch_threads:
         torch.set_num_threads(recipe.torch_threads)
-    per_device = recipe.check_batches(current_env().world_size)
+    tp = recipe.parallelism.tp_degree  # the ranks of a tensor-parallel group read the same batches
+    per_device = recipe.check_batches(current_env().world_size // tp)
     quantization_config(recipe.lora)  # QLoRA on a machine without a GPU: one line, before any download
     tokenizer = recipe_tokenizer(recipe)
     seq_len = model_seq_len(recipe)
     try:
-        train = build_loader(recipe.data.train, per_device, seq_len, tokenizer)
+        train = build_loader(recipe.data.train, per_device, seq_len, tokenizer, replication=tp)
     except (ShardError, StorageError, SourceError) as exc:
         raise DataUnavailable.of("data.train", exc) from exc
     evals = None
@@ -121,7 +126,7 @@ def make_trainer(recipe: Recipe) -> Trainer:
         mb = recipe.device_train_microbatch_size
         try:
             evals = build_loader(recipe.data.eval, recipe.data.eval.batch_size or
-                                 (mb if isinstance(mb, int) else per_device), seq_len, tokenizer, "data.eval")
+                                 (mb if isinstance(mb, int) else per_device), seq_len, tokenizer, "data.eval", tp)
         except (ShardError, StorageError, SourceError) as exc:
             raise DataUnavailable.of("data.eval", exc) from exc
     icl = icl_evaluator(recipe, tokenizer, seq_len, recipe.eval_interval, recipe.max_duration)  # reads task files

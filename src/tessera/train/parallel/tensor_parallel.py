@@ -3,8 +3,8 @@ style name), and this module applies those styles with DTensor's parallel styles
 dimension (Megatron's layout, as torchtitan applies it):
 
     colwise              a linear's output features split (ColwiseParallel): input whole, output split
-    colwise_fused_qkv    the same for a fused [q; k; v] projection: each rank gets its heads of q, k and v
-                         (a strided shard of the weight, so the saved weight is the ordinary one)
+    colwise_fused_qkv    a fused [q; k; v] projection: each rank keeps its heads' columns of q, k and v
+                         (the weight stays whole: FusedColwiseParallel says why)
     rowwise              a linear's input features split (RowwiseParallel): partial outputs all-reduced
     rowwise_to_sequence  the same, reduce-scattered along the sequence instead (sequence parallelism)
     sequence_parallel    a norm run on this rank's part of the sequence (SequenceParallel)
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -40,24 +40,33 @@ from torch.distributed.tensor.parallel import (
 from torch.distributed.tensor.placement_types import _StridedShard
 
 
-class FusedColwiseParallel(ColwiseParallel):
-    """ColwiseParallel for a projection whose output is `parts` equal chunks (q, k, v): each chunk is split
-    over the ranks, so rank r's output is [q_r | k_r | v_r] and the model splits it in three as usual."""
+class FusedColwiseParallel(ParallelStyle):
+    """A fused projection whose output is `parts` equal chunks (q, k, v), each split over the ranks: rank r
+    gets [q_r | k_r | v_r], which the model splits in three as usual.
+
+    The weight stays whole (a replicated DTensor) and every rank computes the whole projection, then keeps
+    its columns; the backward gathers the columns' gradients, so the weight's gradient is whole and the
+    same on every rank. Sharding the weight itself would need a strided layout (each rank a third of q,
+    of k and of v) that checkpoints (torch.distributed.checkpoint) cannot store, so the fused projection
+    trades its share of memory and compute for checkpoints that reshard to any layout."""
 
     def __init__(self, parts: int = 3) -> None:
         super().__init__()
         self.parts = parts
 
-    def _partition_linear_fn(self, name: str, module: nn.Module, device_mesh: Any) -> None:
-        for pname, param in module.named_parameters():
-            placement = _StridedShard(0, split_factor=self.parts)
-            module.register_parameter(pname, nn.Parameter(distribute_tensor(param, device_mesh, [placement]),
-                                                          requires_grad=param.requires_grad))
+    def _apply(self, module: nn.Module, device_mesh: Any) -> nn.Module:
+        parts = self.parts
 
-    @staticmethod
-    def _prepare_output_fn(output_layouts: Any, use_local_output: bool, mod: nn.Module, outputs: Any,
-                           device_mesh: Any) -> Any:
-        return outputs.to_local()  # already this rank's [q_r | k_r | v_r]; no redistribution
+        def whole_input(_module: nn.Module, inputs: tuple[Any, ...], mesh: Any) -> tuple[Any, ...]:
+            x = inputs[0]
+            return (x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Replicate()], run_check=False),
+                    *inputs[1:])
+
+        def own_columns(_module: nn.Module, output: Any, mesh: Any) -> Any:
+            split = _StridedShard(output.ndim - 1, split_factor=parts)
+            return output.redistribute(placements=[split]).to_local()
+
+        return distribute_module(module, device_mesh, input_fn=whole_input, output_fn=own_columns)
 
 
 class AttentionInput(ParallelStyle):
