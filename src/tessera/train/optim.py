@@ -17,8 +17,8 @@ class DecoupledAdamW(torch.optim.AdamW):
     """AdamW whose decay per step is weight_decay x (current lr / initial lr)."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.0) -> None:
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+                 eps: float = 1e-8, weight_decay: float = 0.0, fused: bool | None = None) -> None:
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
         for group in self.param_groups:
             # not "decoupled_weight_decay": torch.optim.Adam already uses that key (a bool)
             group["decay_per_unit_lr_schedule"] = weight_decay
@@ -34,9 +34,13 @@ class DecoupledAdamW(torch.optim.AdamW):
 
 def build_optimizer(name: str, params: Iterable[Any], *, lr: float, betas: tuple[float, float], eps: float,
                     weight_decay: float) -> torch.optim.Optimizer:
-    """The optimizer a recipe names ("decoupled_adamw" or "adamw")."""
+    """The optimizer a recipe names ("decoupled_adamw" or "adamw"); fused (one CUDA kernel for every
+    parameter's update) when the parameters are on CUDA (train/parallel fuses it later for a model that is
+    moved to a GPU after the optimizer was built)."""
+    params = list(params)
+    fused = True if params and all(p.device.type == "cuda" for p in params) else None
     if name == "decoupled_adamw":
-        return DecoupledAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        return DecoupledAdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+        return torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, fused=fused)
     raise ValueError(f"unknown optimizer {name!r}; use decoupled_adamw or adamw")

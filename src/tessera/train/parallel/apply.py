@@ -50,5 +50,26 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan | ParallelismConfig |
         return apply_ddp(model, device, submesh(mesh, plan.dp_dims) if plan.tp_degree > 1 else None)
     if plan.tp_degree > 1 or plan.data_parallel == "fsdp":
         rebind_optimizers(optimizers, names, model)
+    if device.type == "cuda":
+        fuse_adam(optimizers)
     return model
+
+
+def fuse_adam(optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Adam/AdamW built on the CPU (before the model moved to its GPU) switched to the fused CUDA kernel, one
+    launch for every parameter's update, where torch allows it: every parameter on CUDA and of one kind
+    (all DTensors or all plain tensors: tensor parallelism leaves embeddings plain)."""
+    for opt in optimizers:
+        if not isinstance(opt, torch.optim.Adam | torch.optim.AdamW) or opt.state:
+            continue
+        params = [p for group in opt.param_groups for p in group["params"]]
+        kinds = {hasattr(p, "device_mesh") for p in params}
+        if params and len(kinds) == 1 and all(p.device.type == "cuda" and p.is_floating_point() for p in params):
+            for group in opt.param_groups:
+                group.update(fused=True, foreach=False)
+            opt._step_supports_amp_scaling = True  # type: ignore[attr-defined]  # as torch sets it for fused
+        elif len(kinds) > 1:
+            for group in opt.param_groups:  # foreach kernels cannot mix DTensors and tensors
+                group.update(fused=False, foreach=False)
+            opt._step_supports_amp_scaling = False  # type: ignore[attr-defined]
 
