@@ -17,7 +17,8 @@ from tessera.shards.errors import ShardError, ShardFormatError
 from tessera.shards.fetch import decompress_file
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, InconsistentIndex, ShardEntry
 from tessera.shards.text_reader import open_shard_reader
-from tessera.storage import StorageError, Store, download_from, hash_file
+from tessera.storage import StorageError, Store, download_from
+from tessera.storage.transfer import hash_file
 
 
 @dataclass

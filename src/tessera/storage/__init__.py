@@ -25,11 +25,11 @@ from tessera.storage.errors import (
 )
 from tessera.storage.open import open_store
 from tessera.storage.retry import RetryPolicy
-from tessera.storage.transfer import copy_between, download, download_from, hash_file, upload
+from tessera.storage.transfer import copy_between, download, download_from, upload
 from tessera.storage.url import split_url
 
 __all__ = [
     "AlreadyExists", "BucketNotFound", "IntegrityError", "InvalidURL", "NotFound", "ObjectInfo",
     "PermissionDenied", "PreconditionFailed", "RetryPolicy", "StorageError", "Store", "TransientError",
-    "copy_between", "download", "download_from", "hash_file", "open_store", "split_url", "upload",
+    "copy_between", "download", "download_from", "open_store", "split_url", "upload",
 ]

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import xxhash
 
-from tessera.storage import IntegrityError, NotFound, Store, download_from, hash_file
+from tessera.storage import IntegrityError, NotFound, Store, download_from
+from tessera.storage.transfer import hash_file
 from tessera.train.checkpoint.layout import (
     HASH,
     MANIFEST,
