@@ -137,6 +137,17 @@ def test_two_processes_match_one(tmp_path: Path) -> None:
             assert held < whole, (name, held, whole)
 
 
+def test_fsdp_with_tensor_parallel_on_a_2x2_mesh(tmp_path: Path) -> None:
+    """4 processes: FSDP over dp_shard (2) x tensor parallelism over tp (2), GPT and a tiny Llama."""
+    cases = {"fsdp_tp_gpt": ("gpt", {"fsdp": {"sharding": "full_shard"}, "tensor_parallel": {"degree": 2}}),
+             "fsdp_tp_llama": ("llama", {"fsdp": {"sharding": "full_shard"}, "tensor_parallel": {"degree": 2}})}
+    got = run_processes(tmp_path, cases, world=4)
+    for name, (kind, _) in cases.items():
+        (losses, held), (expected, whole) = got[name], train_losses(kind, None)
+        assert losses == pytest.approx(expected, rel=2e-4), (name, losses, expected)
+        assert held < whole / 2, (name, held, whole)
+
+
 # --- one process ------------------------------------------------------------------------------------------------
 
 

@@ -63,6 +63,10 @@ class ActivationCheckpointConfig(Section):
                             "of attention and of every other matmul, and recomputes the cheap rest.")
     n: int = Field(2, ge=1, description="every_n: checkpoint blocks 0, n, 2n, ...")
 
+    def __bool__(self) -> bool:
+        """True when anything is recomputed (`if parallelism.activation_checkpointing:`)."""
+        return self.mode != "none"
+
 
 def _ac_shorthand(value: Any) -> Any:
     if value is None or value is False:
