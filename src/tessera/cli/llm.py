@@ -78,6 +78,8 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
          compression: str = typer.Option(None, help="Shard compression, e.g. zstd."),
          size_limit: str = typer.Option("64mb", help="Shard size limit."),
          overwrite: bool = typer.Option(False, help="Replace existing datasets at OUT."),
+         engine: str = typer.Option("local", help="Corpora: local processes, or ray (Ray tasks tokenize)."),
+         address: str = typer.Option(None, help="--engine ray: the cluster (default: start a local Ray)."),
          as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON.")) -> None:
     """Tokenize a corpus, append EOS after each document, cut fixed windows, write train/val MDS; or
     (--format chat|instruction|auto, --pack/--no-pack) encode fine-tuning examples with loss masks."""
@@ -104,7 +106,7 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
                                suffixes=suffix or None,
                                val_fraction=val_fraction, workers=workers, compression=compression,
                                size_limit=size_limit, mode="overwrite" if overwrite else "create",
-                               progress=progress)
+                               progress=progress, engine=engine, address=address)
     except DatasetExists as exc:
         fail(exc.for_overwrite_only())
     except ERRORS as exc:

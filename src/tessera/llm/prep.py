@@ -129,9 +129,30 @@ def _tokenize_task(args: tuple[Chunk, str]) -> tuple[np.ndarray, np.ndarray, int
     return tokenize_chunk(*args)
 
 
-def _tokenized_chunks(chunks: list[Chunk], text_field: str, tokenizer_path: str,
-                      workers: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
-    """Each chunk's tokens, in chunk order, whatever the number of processes."""
+_worker_tokenizer_path: str | None = None
+
+
+def _ray_tokenize_task(args: tuple[Chunk, str, str]) -> tuple[np.ndarray, np.ndarray, int]:
+    """A Ray task: loads the tokenizer once per worker process, then tokenizes one chunk."""
+    global _worker_tokenizer_path
+    chunk, text_field, tokenizer_path = args
+    if _worker_tokenizer is None or _worker_tokenizer_path != tokenizer_path:
+        _start_worker(_init_worker, tokenizer_path, threads=False)
+        _worker_tokenizer_path = tokenizer_path
+    return tokenize_chunk(chunk, text_field)
+
+
+def _tokenized_chunks(chunks: list[Chunk], text_field: str, tokenizer_path: str, workers: int,
+                      engine: str = "local", address: str | None = None
+                      ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+    """Each chunk's tokens, in chunk order, whatever the number of processes, or of Ray workers
+    (`engine="ray"`: chunks are tokenized by Ray tasks, which need the input and the tokenizer file at
+    the same paths; this process still numbers documents and cuts windows, so the output is the same)."""
+    if engine == "ray":
+        from tessera.shards.ray_engine import ordered_map_on_ray
+
+        return ordered_map_on_ray(_ray_tokenize_task, [(c, text_field, tokenizer_path) for c in chunks], workers,
+                                  address)
     return map_in_order(_tokenize_task, [(c, text_field) for c in chunks], _init_worker, tokenizer_path, workers)
 
 
@@ -171,9 +192,14 @@ def prep(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: 
          tokenizer: str | os.PathLike[str], *, seq_len: int = 2048, text_field: str = "text", fmt: str | None = None,
          suffixes: Sequence[str] | None = None, val_fraction: float = 0.01,
          workers: int = 1, compression: str | None = None, size_limit: str | int = "64mb",
-         hashes: list[str] | None = None, mode: str = "create", progress: Progress | None = None) -> PrepSummary:
-    """Tokenize a corpus and write train/val MDS datasets of `seq_len`-token windows (module docstring)."""
+         hashes: list[str] | None = None, mode: str = "create", progress: Progress | None = None,
+         engine: str = "local", address: str | None = None) -> PrepSummary:
+    """Tokenize a corpus and write train/val MDS datasets of `seq_len`-token windows (module docstring).
+
+    `engine="ray"` tokenizes on Ray (`address`: a running cluster; None: a local instance of `workers`)."""
     check_prep_options(seq_len, val_fraction, mode)
+    if engine not in ("local", "ray"):
+        raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     tokenizer = os.fspath(tokenizer)
     tok = load_tokenizer(tokenizer)  # fail here, not in a worker, when the file is bad
     chunks = plan_corpus(input, fmt, suffixes)
@@ -186,8 +212,8 @@ def prep(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: 
     with ShardWriter(open_dataset_store(out, "train"), columns, **options) as train_w, \
             ShardWriter(open_dataset_store(out, "val"), columns, **options) as val_w:
         splits = {"train": WindowWriter(train_w, seq_len, dtype), "val": WindowWriter(val_w, seq_len, dtype)}
-        for done, (tokens, lengths, skipped) in enumerate(_tokenized_chunks(chunks, text_field, tokenizer, workers),
-                                                          1):
+        tokenized = _tokenized_chunks(chunks, text_field, tokenizer, workers, engine, address)
+        for done, (tokens, lengths, skipped) in enumerate(tokenized, 1):
             summary.skipped_files += skipped
             runs: dict[str, list[np.ndarray]] = {"train": [], "val": []}
             start = 0

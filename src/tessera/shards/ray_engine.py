@@ -165,7 +165,8 @@ def ray_session(address: str | None, workers: int) -> Iterator[Any]:
         return
     import logging
 
-    options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False}
+    # log_to_driver=False: workers' log lines (a retried task's death notice) stay out of `--json` output
+    options: dict[str, Any] = {"logging_level": logging.WARNING, "include_dashboard": False, "log_to_driver": False}
     if address is None:  # "local": a new instance even when `ray start` runs one on this machine
         ray.init(address="local", num_cpus=workers, **options)
     else:
@@ -174,6 +175,33 @@ def ray_session(address: str | None, workers: int) -> Iterator[Any]:
         yield ray
     finally:
         ray.shutdown()
+
+
+def ordered_map_on_ray(fn: Callable[[Any], Any], items: list[Any], workers: int,
+                       address: str | None = None) -> Iterator[Any]:
+    """`fn` over `items` as Ray tasks, `workers` at a time (plus as many queued), results in item order.
+
+    For work whose results the driver must consume in order (`tessera llm prep` numbers documents
+    globally): the output is then the same as with local processes. A task whose worker dies is retried."""
+    with ray_session(address, workers) as ray:
+        task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(fn)
+        pending: list[Any] = []
+        following = iter(items)
+        for item in following:
+            pending.append(task.remote(item))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            try:
+                result = ray.get(pending.pop(0))
+            except Exception as exc:
+                for ref in pending:
+                    ray.cancel(ref)
+                raise _ray_error(exc) from None
+            for item in following:
+                pending.append(task.remote(item))
+                break
+            yield result
 
 
 def convert_on_ray(input: str | Path, out: str | Path, *, fmt: str | None = None,
