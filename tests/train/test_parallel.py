@@ -214,6 +214,17 @@ def test_a_plan_that_cannot_run_names_its_key(settings: dict[str, Any], world: i
         resolve_plan(settings, world_size=world)
 
 
+def test_tensor_parallel_refuses_what_it_cannot_split() -> None:
+    from tessera.llm.hf.config import LoraSpec
+    from tessera.llm.hf.lora import add_lora
+    from tessera.train.parallel.tensor_parallel import apply_tensor_parallel
+
+    with pytest.raises(ValueError, match="LoRA adapters are not split yet"):  # checked before any mesh is used
+        apply_tensor_parallel(add_lora(tiny_model("llama"), LoraSpec()), tp_mesh=None)
+    with pytest.raises(ValueError, match="has no tensor-parallel plan"):
+        apply_tensor_parallel(torch.nn.Sequential(torch.nn.Linear(2, 2)), tp_mesh=None)
+
+
 def test_shorthands_and_sections_parse() -> None:
     from tessera.train.config import TrainerConfig
 

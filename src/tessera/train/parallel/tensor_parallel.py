@@ -153,6 +153,11 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, sequence_parallel: boo
             if style is None:
                 continue
             for name in matched:
-                parallelize_module(model.get_submodule(name), tp_mesh, style)
+                module = model.get_submodule(name)
+                if isinstance(style, ColwiseParallel | RowwiseParallel) and not isinstance(module, nn.Linear):
+                    raise ValueError(f"tensor parallelism splits linear layers, but {name} is a "
+                                     f"{type(module).__name__} (LoRA adapters are not split yet); set "
+                                     "parallelism.tensor_parallel.degree=1")
+                parallelize_module(module, tp_mesh, style)
                 applied.append(name)
     return applied
