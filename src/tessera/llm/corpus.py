@@ -17,7 +17,7 @@ from typing import Any
 
 from tessera.shards.sources import Chunk, SourceError, detect_format, plan_chunks, read_chunk
 
-TEXT_FORMATS = ("text", "lines", "jsonl", "parquet")
+TEXT_FORMATS = ("text", "lines", "jsonl", "parquet", "arrow")  # arrow: a Hugging Face save_to_disk folder
 FILES_PER_CHUNK = 64  # text files per chunk: small enough to spread a source tree over the workers
 
 

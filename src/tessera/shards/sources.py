@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera.shards.hf_datasets import is_parquet_folder, read_arrow_file, saved_dataset_files
 from tessera.shards.inputs import (
     InputNotFound,
     Listing,
@@ -37,7 +38,7 @@ LINE_CHUNK = 4 << 20  # bytes of JSONL / text lines per chunk (small enough to k
 FILES_PER_CHUNK = 256  # text or image files per chunk
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 JPEG_SUFFIXES = {".jpg", ".jpeg"}
-FORMATS = ("jsonl", "parquet", "csv", "tsv", "text", "lines", "images")
+FORMATS = ("jsonl", "parquet", "csv", "tsv", "text", "lines", "images", "arrow")
 
 
 class SourceError(ValueError):
@@ -65,10 +66,14 @@ def _files(root: str, suffixes: set[str] | None = None) -> Listing:
 
 def detect_format(path: str | Path) -> str:
     """Guess the input format from the file suffix, or from the folder's contents."""
+    if _saved_dataset(path) is not None:
+        return "arrow"  # a Hugging Face `save_to_disk` folder
     listing = _files(str(path))
     if not listing.files:
         raise SourceError(f"{path}: no input files")
     suffixes = {os.path.splitext(f)[1].lower() for _, f in listing.files}
+    if not listing.single and is_parquet_folder([rel for rel, _ in listing.files]):
+        return "parquet"
     if not listing.single and suffixes <= IMAGE_SUFFIXES and all("/" in rel for rel, _ in listing.files):
         return "images"
     for fmt, exts in (("jsonl", {".jsonl", ".json", ".ndjson"}), ("parquet", {".parquet"}),
@@ -102,7 +107,9 @@ def plan_chunks(path: str | Path, fmt: str) -> list[Chunk]:
         return [Chunk("images", root, files=tuple(f for f, _ in files[i:i + FILES_PER_CHUNK]),
                       labels=tuple(lab for _, lab in files[i:i + FILES_PER_CHUNK]))
                 for i in range(0, len(files), FILES_PER_CHUNK)]
-    files = [f for _, f in _files(root).files]
+    if fmt == "arrow":
+        return [Chunk("arrow", f) for f in _saved_dataset(root) or [f for _, f in _files(root, {".arrow"}).files]]
+    files = [f for _, f in _files(root, {".parquet"} if fmt == "parquet" else None).files]
     if fmt == "text":
         return [Chunk("text", root, files=tuple(files[i:i + FILES_PER_CHUNK]))
                 for i in range(0, len(files), FILES_PER_CHUNK)]
@@ -111,6 +118,13 @@ def plan_chunks(path: str | Path, fmt: str) -> list[Chunk]:
     if fmt in ("csv", "tsv"):
         return [Chunk(fmt, f) for f in files]
     return [c for f in files for c in _line_chunks(f, fmt)]
+
+
+def _saved_dataset(path: str | Path) -> list[str] | None:
+    try:
+        return saved_dataset_files(path)
+    except ValueError as exc:
+        raise SourceError(str(exc)) from None
 
 
 def _image_files(root: str) -> list[tuple[str, int]]:
@@ -159,6 +173,10 @@ def _read_jsonl(chunk: Chunk) -> Located:
 def read_row_group(chunk: Chunk) -> Any:
     """A Parquet chunk's row group as an Arrow table."""
     return _parquet(chunk.path).read_row_group(chunk.start)
+
+
+def _read_arrow(chunk: Chunk) -> Located:
+    yield from enumerate(read_arrow_file(chunk.path).to_pylist())
 
 
 def _read_parquet(chunk: Chunk) -> Located:
@@ -215,7 +233,7 @@ def _read_images(chunk: Chunk) -> Located:
 
 
 READERS = {"jsonl": _read_jsonl, "parquet": _read_parquet, "csv": _read_csv, "tsv": _read_csv,
-           "lines": _read_lines, "text": _read_text, "images": _read_images}
+           "lines": _read_lines, "text": _read_text, "images": _read_images, "arrow": _read_arrow}
 
 
 def read_chunk(chunk: Chunk) -> Iterator[dict[str, Any]]:
@@ -252,6 +270,8 @@ def locate(chunk: Chunk, position: int) -> str:
         return f"{chunk.path}, row {row} (row group {chunk.start})"
     if chunk.kind in ("csv", "tsv"):
         return f"{chunk.path}, line {position}"
+    if chunk.kind == "arrow":
+        return f"{chunk.path}, row {position}"
     return chunk.files[position]
 
 
