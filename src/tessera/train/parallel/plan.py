@@ -59,8 +59,9 @@ class ParallelPlan:
         """The plan as plain values (print-config): mesh, dtypes, what is wrapped, checkpointed and compiled.
         `blocks` names the model's blocks when the caller knows them (e.g. "transformer.blocks.0..3")."""
         units = blocks or "the model's blocks (its blocks() or fsdp_units(), else its ModuleList items)"
+        n = self.checkpoint_every
         ac = {"none": "nothing", "full": f"every block: {units}", "selective": f"op-level in every block: {units}",
-              "every_n": f"every {self.checkpoint_every}th block of {units}"}[self.activation_checkpointing]
+              "every_n": f"blocks 0, {n}, {2 * n}, ... of {units}"}[self.activation_checkpointing]
         out: dict[str, Any] = {
             "world_size": self.world_size, "nodes": self.nodes,
             "mesh": {"dims": list(self.mesh_dims), "shape": list(self.mesh_shape)} if self.mesh_dims else None,
