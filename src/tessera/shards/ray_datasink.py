@@ -36,8 +36,11 @@ class MDSDatasink(Datasink):
     """A Ray Data sink writing MDS shards straight to `out` (a bucket, or a folder every node sees).
 
     Args:
-        out: dataset URL or folder. columns: {name: MDS encoding}, as for `ShardWriter`.
-        compression, hashes, size_limit: as for `ShardWriter`.
+        out: dataset URL or folder.
+        columns: {name: MDS encoding}, as for `ShardWriter`.
+        compression: as for `ShardWriter`.
+        hashes: as for `ShardWriter`.
+        size_limit: as for `ShardWriter`.
         mode: "create" (refuses an existing dataset or an unfinished distributed write) or "overwrite".
     """
 
