@@ -33,6 +33,8 @@ anchors = tests_module("anchors")  # torchvision stand-in, then `import streamin
 
 MPT_BYTES = 32.8e12  # MPT-30B pre-training set, decompressed
 MPT_SHARDS = 488_894
+INDEX_GET_S = 0.02  # projection: one GET of a part's small index.json from a bucket (latency-bound)
+INDEX_ENTRY_BYTES = 420  # projection: one shard's index entry (two columns, zstd, part-prefixed names; 296 raw)
 COLUMNS = {"id": "int64", "text": "str"}
 
 
@@ -140,9 +142,12 @@ def main() -> None:
     node_net = args.node_gbps * 1e3 / 8 / 2  # MB/s each way: read + write share the link
     node_rate = min(node_cpu, node_net)
     hours = MPT_BYTES / 1e6 / (node_rate * 64) / 3600
+    parts = int(MPT_BYTES / 1e9)  # ~1 GB parts (256 chunks of 4 MB)
     projection = {"nodes": 64, "cores_per_node": args.cores_per_node, "per_process_mb_s": round(per_process, 1),
                   "node_mb_s": round(node_rate, 1), "bound": "cpu" if node_cpu < node_net else "network",
-                  "hours": round(hours, 2), "tasks_of_1gb": int(MPT_BYTES / 1e9), "shards": MPT_SHARDS}
+                  "hours": round(hours, 2), "tasks_of_1gb": parts, "shards": MPT_SHARDS,
+                  "merge_minutes": round(parts * INDEX_GET_S / 60, 1),  # the driver reads every part's index
+                  "merged_index_mb": round(MPT_SHARDS * INDEX_ENTRY_BYTES / 1e6)}
     print(f"{'input':8} {'file MB':>7} {'local x' + str(args.workers):>12} {'ray x' + str(args.workers):>12} "
           f"{'MDSWriter x1':>13} {'parts':>6} {'ray ovh/shard':>14}")
     for name, r in results.items():
@@ -151,7 +156,9 @@ def main() -> None:
               f"{r['parts']:6} {r['ray_overhead_per_shard_s']:13.3f}s")
     print(f"ray start-up {ray_start:.1f}s (once per cluster); an empty task costs {per_task * 1e3:.1f} ms")
     print(f"projection: 32.8 TB on 64 nodes x {args.cores_per_node} processes at {per_process:.1f} MB/s each, "
-          f"{projection['bound']}-bound at {node_rate:,.0f} MB/s per node: {hours:.1f} h")
+          f"{projection['bound']}-bound at {node_rate:,.0f} MB/s per node: {hours:.1f} h, then the merge reads "
+          f"{parts:,} part indexes (~{projection['merge_minutes']} min at {INDEX_GET_S * 1e3:.0f} ms each) and writes "
+          f"a {projection['merged_index_mb']} MB index.json")
     print(json.dumps({"results": results, "ray_start_s": round(ray_start, 2), "ray_task_ms": round(per_task * 1e3, 2),
                       "projection": projection}))
 
