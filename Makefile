@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0+cpu
 ANCHORS := mosaicml-streaming==0.13.0 litdata==0.2.76
 ANCHOR_NEEDS := zstd python-snappy Brotli xxhash catalogue tqdm boto3 lightning-utilities filelock requests "transformers<5"
 
-.PHONY: setup test demo bench lint docs clean
+.PHONY: setup test demo demo-finetune bench lint docs clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,10 @@ test: setup
 
 demo: setup
 	bash examples/demo.sh
+
+# After `make demo` (run first if demo-out/ has no model): LoRA fine-tuning of its GPT on an instruction task.
+demo-finetune: setup
+	$(BIN)/python examples/finetune_demo.py
 
 bench: setup
 	$(BIN)/python benchmarks/storage.py
