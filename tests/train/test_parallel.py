@@ -172,15 +172,17 @@ def test_activation_checkpointing_keeps_losses_and_gradients(mode: str) -> None:
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_pure_bf16_casts_the_weights() -> None:
-    from tessera.train.parallel import parallelize, resolve_plan
+def test_pure_bf16_trains_bfloat16_weights_and_state() -> None:
+    from tessera.train import Trainer
 
-    plan = resolve_plan("ddp", precision="pure_bf16")
     model = tiny_model("gpt")
-    opt = torch.optim.AdamW(model.parameters())
-    model = parallelize(model, plan, torch.device("cpu"), [opt])
-    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
-    assert opt.param_groups[0]["params"][0] is next(model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    trainer = Trainer(model, opt, train_dataloader=Rows(0, 1), max_duration="2ba", loggers=[], device="cpu",
+                      precision="pure_bf16", grad_clip_norm=1.0)
+    trainer.fit()
+    assert {p.dtype for p in trainer.model.parameters()} == {torch.bfloat16}
+    assert opt.param_groups[0]["params"][0] is next(trainer.model.parameters())  # the optimizer kept its params
+    assert {state["exp_avg"].dtype for state in opt.state.values()} == {torch.bfloat16}
 
 
 def test_the_plan_for_a_world() -> None:
