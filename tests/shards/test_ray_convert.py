@@ -126,7 +126,7 @@ def test_a_killed_driver_leaves_no_index_and_resume_completes(cluster, tmp_path:
     source = _folder(tmp_path / "in", files=4, per_file=3000, pad=300)
     out = tmp_path / "out"
     args = [TESSERA, "data", "convert", str(source), str(out), "--engine", "ray", "--address", cluster.address,
-            "--workers", "1", "--compression", "zstd:19", "--size-limit", "256kb"]
+            "--workers", "1", "--size-limit", "256kb"]  # one part at a time: the kill finds later ones undone
     driver = subprocess.Popen(args, env=cluster.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not (out / "part-00000" / "index.json").exists() and driver.poll() is None and time.monotonic() < deadline:
@@ -139,9 +139,9 @@ def test_a_killed_driver_leaves_no_index_and_resume_completes(cluster, tmp_path:
     assert refused.returncode != 0 and "--mode resume" in refused.stderr.replace("mode='resume'", "--mode resume")
     time.sleep(1)  # the dead driver's tasks are cancelled by Ray before the rerun writes their parts
     resumed = _cli(str(source), str(out), "--engine", "ray", "--address", cluster.address, "--workers", "2",
-                   "--compression", "zstd:19", "--size-limit", "256kb", "--mode", "resume", "--json")
+                   "--size-limit", "256kb", "--mode", "resume", "--json")
     assert resumed.returncode == 0, resumed.stderr
-    assert json.loads(resumed.stdout)["extra"]["parts_kept"] >= 1
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["extra"]["parts_kept"] >= 1
     assert _ids(str(out)) == list(range(12_000))
 
 
@@ -155,7 +155,7 @@ def test_datasink_writes_a_ray_dataset(cluster, tmp_path: Path):
 
     folder = tmp_path / "parquet"
     folder.mkdir()
-    for n in range(4):
+    for n in range(3):
         ids = list(range(n * 500, (n + 1) * 500))
         pq.write_table(pa.table({"id": ids, "text": [f"row {i}" for i in ids]}), folder / f"f{n}.parquet")
     os.environ.update(RAY_USAGE_STATS_ENABLED="0", RAY_AUTH_MODE="disabled")
@@ -169,7 +169,7 @@ def test_datasink_writes_a_ray_dataset(cluster, tmp_path: Path):
             ray.data.read_parquet(str(folder)).write_datasink(MDSDatasink(str(tmp_path / "mds"), {"id": "int64"}))
     finally:
         ray.shutdown()
-    assert _ids(str(tmp_path / "mds")) == list(range(2000))
+    assert _ids(str(tmp_path / "mds")) == list(range(1500))
     samples = _mosaic_samples(tmp_path / "mds")
     assert samples[1234] == {"id": 1234, "text": "row 1234"}
 
