@@ -47,7 +47,7 @@ def parallelize(model: torch.nn.Module, plan: ParallelPlan | ParallelismConfig |
     if plan.data_parallel == "fsdp":
         apply_fsdp(model, blocks, plan, submesh(mesh, plan.dp_dims), device)
     elif plan.data_parallel == "ddp":
-        return apply_ddp(model, device, submesh(mesh, plan.dp_dims) if plan.tp_degree > 1 else None)
+        return apply_ddp(model, device)  # over every process: the plan refuses ddp with tensor parallelism
     if plan.tp_degree > 1 or plan.data_parallel == "fsdp":
         rebind_optimizers(optimizers, names, model)
     if device.type == "cuda":

@@ -54,12 +54,11 @@ def apply_fsdp(model: torch.nn.Module, units: list[torch.nn.Module], plan: Paral
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=mp, offload_policy=offload)
 
 
-def apply_ddp(model: torch.nn.Module, device: torch.device, dp_mesh: Any = None) -> torch.nn.Module:
+def apply_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [device.index] if device.type == "cuda" else None
-    group = dp_mesh.get_group() if dp_mesh is not None else None
-    return DistributedDataParallel(model, device_ids=ids, process_group=group)
+    return DistributedDataParallel(model, device_ids=ids)
 
 
 def _plain_name(name: str) -> str:
