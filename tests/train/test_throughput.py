@@ -3,6 +3,7 @@ at the end, and no read-back of a device value by the loop between log points.""
 
 from __future__ import annotations
 
+import io
 import sys
 import time
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from tessera.train import Callback, Trainer
-from tessera.train.loggers import Logger
+from tessera.train.loggers import Logger, ProgressLogger
 from tessera.train.throughput import Throughput
 
 TOKENS, VOCAB = 16, 32
@@ -101,6 +102,11 @@ def test_no_read_back_between_log_points_and_metrics_at_them(monkeypatch):
     assert summary["summary/throughput/samples_per_sec"] == pytest.approx(
         12 * 4 / summary["summary/time/train_sec"], rel=1e-6)
     assert ("summary/time/train_sec" in recording.lines[-1][1]), "the summary is logged at the end"
+    console = io.StringIO()
+    progress = ProgressLogger(stream=console)
+    progress.log_metrics(recording.lines[-1][1], 12)
+    line = console.getvalue()
+    assert line.startswith("[summary] ") and "tok/s" in line and "data/fwd+bwd/opt/other" in line, line
 
 
 class FakeEvent:
