@@ -63,16 +63,22 @@ def dcp_load_into(template: dict[str, Any], folder: Path, process_group: Any, st
              no_dist=not distributed)
 
 
-def dcp_load_full(folder: Path) -> dict[str, Any]:
-    """Every tensor of a DCP folder as full (unsharded) tensors, in this process alone."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+def dcp_load_full(folder: Path, keys: set[str] | None = None) -> dict[str, Any]:
+    """The tensors of a DCP folder as full (unsharded) tensors, in this process alone: no collective
+    even when a process group exists (export, or one rank reading weights). `keys` = top-level entries
+    to read ({"model"} for weights only: the optimizer moments, twice the model's size, are skipped).
 
-    buffer_path = folder.parent / (folder.name + ".full.pt")
-    dcp_to_torch_save(str(folder), str(buffer_path))
-    try:
-        return torch.load(buffer_path, map_location="cpu", weights_only=True)
-    finally:
-        buffer_path.unlink(missing_ok=True)
+    Read straight into memory with DCP's own metadata-driven planner (what `dcp_to_torch_save` uses
+    internally), rather than through `dcp_to_torch_save`, which writes the whole state to a temporary
+    torch file first: a second full copy on disk for a 7B model's export."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    state: dict[str, Any] = {}
+    _load_state_dict(state, storage_reader=FileSystemReader(str(folder)),
+                     planner=_EmptyStateDictLoadPlanner(keys=keys), no_dist=True)
+    return state
 
 
 def sharded_template(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer],
@@ -116,7 +122,7 @@ def read_state(local: Path, *, sharded: bool, rank_file: str | None, derive_rng_
         dcp_load_into(template, local / DCP_DIR, process_group, strict)
         state.update(template)
     elif sharded:
-        full = dcp_load_full(local / DCP_DIR)
+        full = dcp_load_full(local / DCP_DIR, keys={"model"} if weights_only else None)
         state["model"] = full["model"]
         if not weights_only:
             state["optimizers"] = full.get("optimizers", [])
