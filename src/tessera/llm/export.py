@@ -10,6 +10,9 @@ written last so that a folder with a config is complete:
     {"format": "tessera-gpt", "version": 1, "model": {<GPTConfig fields>}, "tokenizer": "tokenizer.json"}
 
 Checkpoints (see tessera.train.checkpoint) are read through `CheckpointManager.load(weights_only=True)`.
+A sharded (DCP) checkpoint, written by FSDP or tensor-parallel ranks, is assembled into full tensors in
+this one process: no process group and none of the ranks that saved it are needed, and the export is
+one `model.safetensors` whatever the number of shards.
 Their run config must hold the model config under "model" (GPTConfig fields, optionally "name" of a named
 config) and may name the tokenizer under "tokenizer" (a path, "byte", or {"path": ...}).
 """
