@@ -201,6 +201,10 @@ def prep(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: 
     if engine not in ("local", "ray"):
         raise ValueError(f"engine must be 'local' or 'ray', got {engine!r}")
     tokenizer = os.fspath(tokenizer)
+    if engine == "ray":  # Ray workers do not share our working directory: hand them absolute paths
+        tokenizer = os.path.abspath(tokenizer) if os.path.exists(tokenizer) else tokenizer
+        items = [input] if isinstance(input, str | os.PathLike) else list(input)
+        input = [p if "://" in os.fspath(p) else os.path.abspath(p) for p in items]
     tok = load_tokenizer(tokenizer)  # fail here, not in a worker, when the file is bad
     chunks = plan_corpus(input, fmt, suffixes)
     dtype = token_dtype(tok.vocab_size)

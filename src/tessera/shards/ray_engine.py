@@ -216,7 +216,7 @@ def convert_on_ray(input: str | Path, out: str | Path, *, fmt: str | None = None
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     t0 = time.perf_counter()
-    path = str(input) if is_url(input) else Path(input)
+    path = str(input) if is_url(input) else Path(input).resolve()  # workers do not share our working directory
     if str(path).startswith("memory://") or str(out).startswith("memory://"):
         raise ValueError("memory:// stores live in one process; Ray tasks run in others")
     fmt = fmt or detect_format(path)
