@@ -360,7 +360,8 @@ def test_eval_runs_at_its_interval_and_reports_metrics(tmp_path, dataset):
         assert 0 < e["eval/loss"] < 10 and 0 <= e["eval/accuracy"] <= 1
     lines = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").read_text().splitlines()]
     assert [line["step"] for line in lines if "eval/loss" in line] == [2, 4, 5]
-    assert all("train/loss" in line for line in lines if "eval/loss" not in line)
+    assert all("train/loss" in line for line in lines if "eval/loss" not in line and "summary/time/train_sec" not in line)
+    assert "summary/throughput/samples_per_sec" in lines[-2]  # the run's summary, before the final eval
 
 
 @pytest.mark.parametrize("duration, expected", [
