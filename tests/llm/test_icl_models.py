@@ -24,12 +24,13 @@ TASKS = [{"label": kind, "dataset_uri": f"tiny_{kind}", "icl_task_type": t, "num
                          ("qa", "question_answering"))]
 
 
-def section(batch_size: int = 4, **extra) -> ICLSection:
-    return ICLSection.model_validate({"icl_tasks": [{**t, "batch_size": batch_size} for t in TASKS], **extra})
+def section(batch_size: int = 4, shots: list[int] | None = None, **extra) -> ICLSection:
+    tasks = [{**t, "batch_size": batch_size, **({"num_fewshot": shots} if shots else {})} for t in TASKS]
+    return ICLSection.model_validate({"icl_tasks": tasks, **extra})
 
 
-def check_metrics(metrics: dict[str, float]) -> None:
-    keys = {f"icl/{t['label']}/{n}-shot" for t in TASKS for n in t["num_fewshot"]}
+def check_metrics(metrics: dict[str, float], shots: tuple[int, ...] = (0, 1)) -> None:
+    keys = {f"icl/{t['label']}/{n}-shot" for t in TASKS for n in shots}
     assert keys | {"icl/average"} == set(metrics)
     assert all(0.0 <= metrics[k] <= 1.0 for k in keys)
 
@@ -74,11 +75,11 @@ def test_tiny_hf_llama_scores_through_the_adapter_and_bare(tmp_path):
 
     folder = tiny_llama(tmp_path / "llama")
     bare, tok = load_hf_model(folder).eval(), load_hf_tokenizer(folder)
-    tasks = prepare_tasks(section(3).icl_tasks, tok, 256)
+    tasks = prepare_tasks(section(3, shots=[1]).icl_tasks, tok, 256)
     wrapped = evaluate_icl(tasks, HFCausalLM(bare), tok)
-    check_metrics(wrapped)
+    check_metrics(wrapped, shots=(1,))
     assert evaluate_icl(tasks, bare, tok) == wrapped
-    assert evaluate_icl(prepare_tasks(section(1).icl_tasks, tok, 256), bare, tok) == wrapped
+    assert evaluate_icl(prepare_tasks(section(1, shots=[1]).icl_tasks, tok, 256), bare, tok) == wrapped
 
 
 def join(rank: int, port: int) -> None:
@@ -104,8 +105,10 @@ def _rank(rank: int, port: int, out: str) -> None:
     env = init_distributed(torch.device("cpu"))
     model, tok = small_model(max_seq_len=128), ByteTokenizer()
     tasks = prepare_tasks(section(3, icl_subset_num_batches=None).icl_tasks, tok, 128)
-    metrics = evaluate_icl(tasks, model, tok, rank=env.rank, world_size=env.world_size)
-    Path(out, f"rank{rank}.json").write_text(json.dumps(metrics))
+    shared = evaluate_icl(tasks, model, tok, rank=env.rank, world_size=env.world_size)
+    # as the two ranks of one tensor-parallel group: the same items on both, counted once
+    replicated = evaluate_icl(tasks, model, tok, rank=0, world_size=1, replicas=2)
+    Path(out, f"rank{rank}.json").write_text(json.dumps([shared, replicated]))
     torch.distributed.destroy_process_group()
 
 
@@ -114,7 +117,7 @@ def test_two_gloo_ranks_share_the_items_and_agree(tmp_path):
     model, tok = small_model(max_seq_len=128), ByteTokenizer()
     alone = evaluate_icl(prepare_tasks(section(3).icl_tasks, tok, 128), model, tok)
     assert a == b
-    assert a == pytest.approx(alone, abs=1e-12)
+    assert a[0] == pytest.approx(alone, abs=1e-12) and a[1] == pytest.approx(alone, abs=1e-12)
 
 
 def write_tasks(path: Path, **extra) -> Path:
@@ -199,7 +202,7 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
 
     model, tok = small_model(max_seq_len=64), ByteTokenizer()
     tokens = torch.randint(0, 256, (12, 2, 33), generator=torch.Generator().manual_seed(rank))
-    icl = ICLEvaluator(prepare_tasks(section(4).icl_tasks[:2], tok, 64), tok, "2ba", subset_num_batches=2)
+    icl = ICLEvaluator(prepare_tasks(section(4, shots=[1]).icl_tasks[:2], tok, 64), tok, "2ba", subset_num_batches=1)
     trainer = Trainer(model, torch.optim.AdamW(model.parameters(), lr=1e-3),
                       train_dataloader=[{"tokens": t} for t in tokens[:3]], callbacks=[icl], max_duration="3ba",
                       loggers=[], device="cpu", parallelism="ddp")
@@ -213,4 +216,4 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
 def test_the_callback_scores_alike_on_two_ddp_ranks(tmp_path):
     a, b = on_two_ranks(_ddp_rank, tmp_path)
     assert a == b and [batch for batch, _ in a] == [2, 3]
-    assert {"icl/lm/0-shot", "icl/mc/1-shot", "icl/average"} <= set(a[0][1])
+    assert {"icl/lm/1-shot", "icl/mc/1-shot", "icl/average"} <= set(a[0][1])

@@ -55,10 +55,12 @@ class ICLEvaluator(Callback):
         sharded = getattr(trainer, "parallelism", None) == "fsdp"
         model = trainer.model if sharded else unwrap_model(trainer.model)  # no DDP hooks in eval
         device = getattr(trainer, "device", None)
+        # The ranks of a tensor-parallel group (consecutive ranks) hold one model: they score the same items.
+        tp = getattr(getattr(trainer, "plan", None), "tp_degree", 1) or 1
         started = time.perf_counter()
-        metrics = evaluate_icl(self.tasks, model, self.tokenizer, device=device, rank=trainer.rank,
-                               world_size=trainer.world_size, subset_num_batches=self.subset_num_batches,
-                               gauntlet=self.gauntlet)
+        metrics = evaluate_icl(self.tasks, model, self.tokenizer, device=device, rank=trainer.rank // tp,
+                               world_size=trainer.world_size // tp, subset_num_batches=self.subset_num_batches,
+                               gauntlet=self.gauntlet, replicas=tp)
         metrics["icl/seconds"] = time.perf_counter() - started
         self._last = trainer.timestamp
         self.history.append((trainer.timestamp.batch, metrics))

@@ -113,8 +113,10 @@ def _score_batch(task: PreparedTask, batch: list[Prompted], logits: LogitsFn, to
 
 
 def score_task(task: PreparedTask, logits: LogitsFn, tok: TokenizerView, device: torch.device | str, *,
-               rank: int = 0, world_size: int = 1, max_batches: int | None = None) -> tuple[int, int]:
-    """(right, scored) over this rank's share of the items (at most `max_batches` batches of them)."""
+               rank: int = 0, world_size: int = 1, max_batches: int | None = None,
+               lockstep: bool | None = None) -> tuple[int, int]:
+    """(right, scored) over this rank's share of the items (at most `max_batches` batches of them).
+    `lockstep` (default: with several ranks) makes every call the same number of forward passes."""
     mine = task.prompts[rank::world_size]
     per = task.items_per_batch
     batches = math.ceil(math.ceil(len(task.prompts) / world_size) / per)
@@ -124,7 +126,8 @@ def score_task(task: PreparedTask, logits: LogitsFn, tok: TokenizerView, device:
     for b in range(batches):
         batch = mine[b * per:(b + 1) * per]
         counted = bool(batch)
-        results = _score_batch(task, batch or task.prompts[:1], logits, tok, device, lockstep=world_size > 1)
+        results = _score_batch(task, batch or task.prompts[:1], logits, tok, device,
+                               lockstep=world_size > 1 if lockstep is None else lockstep)
         if counted:
             right += sum(results)
             scored += len(results)
@@ -133,10 +136,12 @@ def score_task(task: PreparedTask, logits: LogitsFn, tok: TokenizerView, device:
 
 def evaluate_icl(tasks: Sequence[PreparedTask], model: Any, tokenizer: Any, *, device: torch.device | str | None = None,
                  rank: int = 0, world_size: int = 1, subset_num_batches: int | None = None,
-                 gauntlet: GauntletConfig | None = None) -> dict[str, float]:
+                 gauntlet: GauntletConfig | None = None, replicas: int = 1) -> dict[str, float]:
     """`icl/<label>/<n>-shot` accuracies over all ranks, and the `icl/average` (see gauntlet.py).
 
-    `model` is a model (put in eval mode for the call) or a bare `logits(input_ids)` function."""
+    `model` is a model (put in eval mode for the call) or a bare `logits(input_ids)` function. `rank`
+    and `world_size` count the groups that score different items; `replicas` processes score the same
+    ones (a tensor-parallel group: `rank` is then the group's index) and count once."""
     if not tasks:
         return {}
     tok = tokenizer if isinstance(tokenizer, TokenizerView) else TokenizerView(tokenizer)
@@ -149,12 +154,12 @@ def evaluate_icl(tasks: Sequence[PreparedTask], model: Any, tokenizer: Any, *, d
         module.eval()
     try:
         counts = [score_task(t, logits, tok, device, rank=rank, world_size=world_size,
-                             max_batches=subset_num_batches) for t in tasks]
+                             max_batches=subset_num_batches, lockstep=world_size * replicas > 1) for t in tasks]
     finally:
         if module is not None:
             module.train(was_training)
     totals = all_reduce_(torch.tensor(counts, dtype=torch.float64 if str(device) == "cpu" else torch.float32,
-                                      device=device)).tolist()
+                                      device=device)).div_(replicas).tolist()
     metrics: dict[str, float] = {}
     parts: dict[str, list[tuple[float, float]]] = {}  # a task's categories (or just itself)
     for task, (right, scored) in zip(tasks, totals, strict=True):
