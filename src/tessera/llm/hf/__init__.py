@@ -9,7 +9,8 @@ model hub) or a Tessera GPT export/checkpoint; a `lora` section trains LoRA adap
 fine-tune every weight). The model keeps the trainer's contract (`model(batch) -> loss`), so gradient
 accumulation, autocast, DDP/FSDP2, checkpoints and autoresume are the ones every run uses. With LoRA the
 checkpoints hold only the adapters and their optimizer state; the frozen base is read again from
-`model.pretrained` on resume and on export. `lora.quantize_base: 4bit` (QLoRA, bitsandbytes) runs on
+`model.pretrained` on resume and on export, which check first that its files are the ones the run
+started from (fingerprint.py). `lora.quantize_base: 4bit` (QLoRA, bitsandbytes) runs on
 CUDA GPUs only: on a CPU it stops with a one-line error before anything is loaded.
 
     config.py     the recipe's `model.pretrained` and `lora` sections (typed)
@@ -18,5 +19,6 @@ CUDA GPUs only: on a CPU it stops with a one-line error before anything is loade
     load.py       folder -> (model, tokenizer), LoRA and the 4-bit base on request
     lora.py       add and merge LoRA adapters (HF models and Tessera's GPT)
     export.py     a checkpoint -> a transformers folder (merged) or a peft adapter folder
+    fingerprint.py  the base model's files hashed at the start of a run; resume and export refuse a changed base
     gpt_to_hf.py  Tessera's GPT as the transformers architecture with the same maths (MPT, GPT-NeoX)
 """
