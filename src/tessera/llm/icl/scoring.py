@@ -64,6 +64,9 @@ def score_continuations(logits: LogitsFn, contexts: Sequence[Sequence[int]],
     scores = []
     for r, (context, continuation) in enumerate(zip(contexts, continuations, strict=True)):
         start, end = len(context), len(context) + len(continuation)
+        if start == end:  # nothing to score (an empty answer): never right, never chosen
+            scores.append(ContinuationScore(float("-inf"), False))
+            continue
         predicted = out[r, start - 1:end - 1].float()  # position t predicts token t + 1
         target = torch.tensor(list(continuation), dtype=torch.long, device=predicted.device)
         logprob = F.log_softmax(predicted, dim=-1).gather(-1, target[:, None]).squeeze(-1)
