@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 import types
 from collections.abc import Collection
 from dataclasses import fields
@@ -343,7 +344,18 @@ def load_recipe(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recip
             close = difflib.get_close_matches(key, list(GPTConfig.__dataclass_fields__), n=1)
             hint = f"; did you mean 'model.{close[0]}'?" if close else ""
             raise RecipeError(f"invalid recipe: unknown key 'model.{key}'{hint}")
+    _absolute_pretrained(tree)
     try:
         return Recipe.model_validate(tree)
     except ValidationError as exc:
         raise RecipeError(_explain(exc)) from None
+
+
+def _absolute_pretrained(tree: dict[str, Any]) -> None:
+    """A local `model.pretrained` as an absolute path: the run config keeps it, and export or a resume
+    started from another folder must find the same model (a URL is kept as it is)."""
+    model = tree.get("model")
+    if not is_pretrained(model) or not isinstance(model["pretrained"], str) or not model["pretrained"].strip():
+        return
+    if "://" not in model["pretrained"]:  # s3://..., file://...: a URL says where it is
+        model["pretrained"] = os.path.abspath(os.path.expanduser(model["pretrained"]))
