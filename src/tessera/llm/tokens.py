@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from tessera.llm.finetune.batch import ExampleBatch, rows_batch
 from tessera.llm.recipe import RecipeError
 
 # LLM Foundry's SUPPORTED_MDS_ENCODING_TYPES: the integer dtypes a token id may be stored as.
@@ -86,6 +87,35 @@ def token_collate(encodings: Sequence[tuple[str, str | None]], seq_len: int | No
         raise TokenColumnError(f"data: the streams store `tokens` differently ({found}); a batch mixes "
                                "streams, so they must share one encoding (re-prepare or convert one of them)")
     return TokenWindows(seq_len, bytes_dtype) if "variable" in kinds.values() else None
+
+
+def stream_collate(streams: Sequence[Any], seq_len: int | None, bytes_dtype: str = "int64",
+                   section: str = "data") -> TokenWindows | ExampleBatch | None:
+    """How batches of these loaded streams become model input, read off their index's columns:
+    fine-tuning rows (`tessera llm prep --format chat|instruction|text`: tokens, loss_mask and the packed
+    or padded columns) through `ExampleBatch`, the collate of `data.*.path`, so they keep their labels;
+    token windows as `token_collate` says. A batch mixes streams, so streams of different kinds are
+    refused, naming each with its columns."""
+    loaded = [st for st in streams if st.entries]
+    kinds = {}
+    for st in loaded:
+        try:
+            kinds[st.label] = rows_batch(st.entries[0].column_names)
+        except ValueError as exc:
+            raise TokenColumnError(f"{section}.streams: {st.label}: {exc}") from None
+    if len(set(kinds.values())) > 1:
+        found = "; ".join(f"{st.label}: {', '.join(st.entries[0].column_names)}" for st in loaded)
+        raise TokenColumnError(f"{section}.streams: the streams hold different columns ({found}); a batch mixes "
+                               "streams, so they must be all token windows, all packed fine-tuning rows or all "
+                               "padded ones")
+    collate = token_collate([(st.label, tokens_encoding(st.entries)) for st in loaded], seq_len, bytes_dtype)
+    rows = next(iter(kinds.values()), None)
+    if rows is None:
+        return collate
+    if collate is not None:
+        raise TokenColumnError(f"{section}.streams: fine-tuning rows are read as `tessera llm prep` writes them, "
+                               f"fixed windows of the model's max_seq_len ({seq_len}); these vary in length")
+    return rows
 
 
 def tokens_encoding(entries: Sequence[Any]) -> str | None:

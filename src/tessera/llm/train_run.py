@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tessera.llm.finetune.batch import ExampleBatch
 from tessera.llm.finetune.loader import example_loader
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
 from tessera.llm.hf.fingerprint import FINGERPRINT_KEY, BaseCheck, base_fingerprint
@@ -26,7 +27,7 @@ from tessera.llm.icl.callback import icl_evaluator
 from tessera.llm.model import GPT
 from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
 from tessera.llm.tokenizer import Tokenizer, TokenizerError, load_tokenizer
-from tessera.llm.tokens import token_collate, tokens_encoding
+from tessera.llm.tokens import stream_collate
 from tessera.shards import ShardError
 from tessera.shards.sources import SourceError
 from tessera.storage import StorageError
@@ -60,9 +61,12 @@ def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int, tokenizer: Any
         return example_loader(spec, batch_size, seq_len, tokenizer, section)
     ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
                           columns=["tokens"], replication=replication, **spec.dataset_options())
-    # Tessera's fixed windows stack as they are; LLM Foundry's ndarray:int32 / bytes tokens need a collate.
-    collate = token_collate([(st.label, tokens_encoding(st.entries)) for st in ds.streams if st.entries], seq_len,
-                            spec.token_encoding_type)
+    # Tessera's fixed windows stack as they are; LLM Foundry's ndarray:int32 / bytes tokens need a collate;
+    # fine-tuning rows prepared into a bucket yield the batch `path` gives (labels, positions or mask).
+    collate = stream_collate(ds.streams, seq_len, spec.token_encoding_type, section)
+    if isinstance(collate, ExampleBatch):  # opened again to read the columns the index says they have
+        ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
+                              columns=collate.columns, replication=replication, **spec.dataset_options())
     return StreamingDataLoader(ds, batch_size=batch_size, batch_path=True, num_workers=spec.num_workers,
                                collate_fn=collate)
 

@@ -19,6 +19,7 @@ flash-attention and SDPA alike) or `attention_mask` for padded ones.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,20 @@ class ExampleBatch:
     @property
     def columns(self) -> list[str]:
         return PACKED_COLUMNS if self.packed else PADDED_COLUMNS
+
+
+def rows_batch(column_names: Sequence[str]) -> ExampleBatch | None:
+    """The collate of a dataset with these columns when it holds fine-tuning rows (a `loss_mask` column:
+    `tessera llm prep --format chat|instruction|text`), None for other data (token windows).
+    ValueError when a `loss_mask` comes without the columns of packed or of padded rows."""
+    names = set(column_names)
+    if "loss_mask" not in names:
+        return None
+    for packed, needed in ((True, PACKED_COLUMNS), (False, PADDED_COLUMNS)):
+        if names.issuperset(needed):
+            return ExampleBatch(packed=packed)
+    raise ValueError(f"columns {', '.join(column_names)}: fine-tuning rows (loss_mask) also need either "
+                     f"{', '.join(PACKED_COLUMNS[2:])} (packed) or {PADDED_COLUMNS[2]} (padded)")
 
 
 def padding_share(batch: dict[str, torch.Tensor]) -> float:
