@@ -88,3 +88,19 @@ def prepped(tmp_path_factory: pytest.TempPathFactory, text_corpus) -> Path:
     out = tmp_path_factory.mktemp("prepped") / "data"
     prep(text_corpus[0], out, "byte", seq_len=32, val_fraction=0.2)
     return out
+
+
+CHAT_WORDS = "hi hello there bye goodbye what is two plus four six ok".split()
+
+
+@pytest.fixture
+def chat_file(tmp_path: Path) -> Path:
+    """60 short chat examples (a user question, an assistant reply) as JSONL."""
+    rng = random.Random(1)
+    path = tmp_path / "chat.jsonl"
+    with open(path, "w") as f:
+        for _ in range(60):
+            q, a = " ".join(rng.choices(CHAT_WORDS, k=3)), " ".join(rng.choices(CHAT_WORDS, k=4))
+            f.write(json.dumps({"messages": [{"role": "user", "content": q},
+                                             {"role": "assistant", "content": a}]}) + "\n")
+    return path

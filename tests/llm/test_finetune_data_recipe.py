@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
@@ -13,19 +12,6 @@ from tessera.cli.main import app
 from tessera.llm.recipe import RecipeError, load_recipe
 
 runner = CliRunner()
-WORDS = "hi hello there bye goodbye what is two plus four six ok".split()
-
-
-@pytest.fixture
-def chat_file(tmp_path: Path) -> Path:
-    rng = random.Random(1)
-    path = tmp_path / "chat.jsonl"
-    with open(path, "w") as f:
-        for _ in range(60):
-            q, a = " ".join(rng.choices(WORDS, k=3)), " ".join(rng.choices(WORDS, k=4))
-            f.write(json.dumps({"messages": [{"role": "user", "content": q},
-                                             {"role": "assistant", "content": a}]}) + "\n")
-    return path
 
 
 def train(cwd: Path, data: Path, *extra: str) -> tuple[list[dict], str]:

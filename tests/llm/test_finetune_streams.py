@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 
 import pytest
@@ -19,20 +18,7 @@ from tessera.llm.recipe import RecipeError, load_recipe
 from tessera.llm.train_run import build_loader, recipe_tokenizer
 
 runner = CliRunner()
-WORDS = "hi hello there bye goodbye what is two plus four six ok".split()
 MODEL = ["model.d_model=32", "model.n_layers=1", "model.max_seq_len=64"]
-
-
-@pytest.fixture
-def chat_file(tmp_path: Path) -> Path:
-    rng = random.Random(2)
-    path = tmp_path / "chat.jsonl"
-    with open(path, "w") as f:
-        for _ in range(60):
-            q, a = " ".join(rng.choices(WORDS, k=3)), " ".join(rng.choices(WORDS, k=4))
-            f.write(json.dumps({"messages": [{"role": "user", "content": q},
-                                             {"role": "assistant", "content": a}]}) + "\n")
-    return path
 
 
 def first_batch(overrides: list[str]) -> dict[str, torch.Tensor]:
