@@ -46,6 +46,8 @@ def test_fine_tunes_from_a_jsonl_file_and_resumes_the_same(chat_file: Path, tmp_
     assert sorted(whole) == [1, 2, 3, 4] and all(v == v for v in whole.values())
     assert any("eval/loss" in r for r in rows)
     assert "packed rows of 64" in output and "padding" in output
+    padding = [r["data/padding_share"] for r in rows if "data/padding_share" in r]  # logged once, at the start
+    assert len(padding) == 1 and 0 <= padding[0] < 1
     assert len(list((tmp_path / "prep-cache").glob("*/train/index.json"))) == 1  # one cache for train and eval
     # stop after 2 batches, then autoresume to 4: the same batches, the same losses
     train(tmp_path / "split", chat_file, "max_duration=2ba")

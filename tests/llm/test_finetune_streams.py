@@ -58,9 +58,18 @@ def losses(rows: list[dict]) -> dict[int, float]:
 
 
 def test_trains_from_bucket_rows_and_resumes_the_same(chat_file: Path, tmp_path: Path, s3_bucket: str) -> None:
-    prep_examples(chat_file, f"{s3_bucket}/sft", "byte", seq_len=64, fmt="chat")
-    whole = losses(train(tmp_path / "whole", f"{s3_bucket}/sft"))
+    summary = prep_examples(chat_file, f"{s3_bucket}/sft", "byte", seq_len=64, fmt="chat")
+    rows = train(tmp_path / "whole", f"{s3_bucket}/sft")
+    whole = losses(rows)
     assert sorted(whole) == [1, 2, 3, 4] and all(v == v for v in whole.values())
+    # the data's prep summary: logged once when the run starts, and in the run config
+    logged = [r for r in rows if "data/padding_share" in r]
+    assert len(logged) == 1 and logged[0]["step"] == 0
+    assert logged[0]["data/padding_share"] == pytest.approx(summary.padding_share)
+    assert logged[0]["data/examples_truncated"] == summary.truncated
+    assert logged[0]["data/examples_dropped"] == summary.dropped_too_long + summary.dropped_no_loss
+    meta = json.loads((tmp_path / "whole" / "ckpt" / "ep0-ba4" / "meta.json").read_text())
+    assert meta["config"]["data_prep"]["padding_share"] == pytest.approx(summary.padding_share)
     train(tmp_path / "split", f"{s3_bucket}/sft", "max_duration=2ba")
     assert losses(train(tmp_path / "split", f"{s3_bucket}/sft", "autoresume=true")) == whole
 

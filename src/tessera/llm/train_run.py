@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from tessera.llm.finetune.batch import ExampleBatch
-from tessera.llm.finetune.loader import example_loader
+from tessera.llm.finetune.loader import PrepSummaryLog, example_loader, streamed_summary
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
 from tessera.llm.hf.fingerprint import FINGERPRINT_KEY, BaseCheck, base_fingerprint
 from tessera.llm.hf.load import (
@@ -67,8 +67,11 @@ def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int, tokenizer: Any
     if isinstance(collate, ExampleBatch):  # opened again to read the columns the index says they have
         ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
                               columns=collate.columns, replication=replication, **spec.dataset_options())
-    return StreamingDataLoader(ds, batch_size=batch_size, batch_path=True, num_workers=spec.num_workers,
-                               collate_fn=collate)
+    loader = StreamingDataLoader(ds, batch_size=batch_size, batch_path=True, num_workers=spec.num_workers,
+                                 collate_fn=collate)
+    if isinstance(collate, ExampleBatch):
+        loader.prep_summary = streamed_summary(spec, section)  # type: ignore[attr-defined]
+    return loader
 
 
 def build_model(recipe: Recipe, vocab_size: int) -> torch.nn.Module:
@@ -139,20 +142,25 @@ def make_trainer(recipe: Recipe) -> Trainer:
     optimizer = recipe.optimizer.build(trainable_parameters(model))
     schedule = recipe.scheduler.build()
     callbacks = [icl] if icl is not None else []
+    prep_summary = getattr(train, "prep_summary", None)  # fine-tuning data: its padding share and losses
+    if prep_summary:
+        callbacks.append(PrepSummaryLog(prep_summary))
     base = None
     if is_pretrained(recipe.model):  # resume refuses a base that changed since the checkpoint (hf/fingerprint.py)
         spec = PretrainedSpec.model_validate(recipe.model)
         base = base_fingerprint(spec)
         callbacks.append(BaseCheck(spec, base))
     return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
-                   callbacks=callbacks, run_config=run_config(recipe, model, base), config=recipe.trainer_config())
+                   callbacks=callbacks, run_config=run_config(recipe, model, base, prep_summary), config=recipe.trainer_config())
 
 
-def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | None = None,
+               prep_summary: dict[str, Any] | None = None) -> dict[str, Any]:
     """What checkpoints remember: the model to rebuild (export, generate) and the whole recipe. A
     pretrained model is remembered by its folder (model.pretrained), which export reads again for the
     frozen weights a LoRA checkpoint leaves out, and by `base`, the fingerprint of that folder's files
-    (hf/fingerprint.py), which resume and export compare with the folder they find."""
+    (hf/fingerprint.py), which resume and export compare with the folder they find. Fine-tuning data
+    adds its prep summary (`data_prep`: examples, truncated, dropped, padding share)."""
     lora = recipe.lora.model_dump() if recipe.lora is not None else None
     if isinstance(model, GPT):  # a pretrained GPT keeps both: its shape (for load_model) and where it came from
         section = {**(recipe.model if is_pretrained(recipe.model) else {}), **model.cfg.to_dict()}
@@ -160,6 +168,8 @@ def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | No
     else:
         config = {"model": dict(recipe.model), "lora": lora, "tokenizer": recipe.model["pretrained"],
                   "recipe": recipe.dump()}
+    if prep_summary:  # where prep wrote, its time and processes say nothing of the data
+        config["data_prep"] = {k: v for k, v in prep_summary.items() if k not in ("out", "seconds", "workers")}
     return {**config, FINGERPRINT_KEY: base} if base is not None else config
 
 

@@ -6,6 +6,7 @@ recipe's shuffle options, and a run resumes, elastically too, exactly as it does
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -13,10 +14,14 @@ from tessera.llm.finetune.batch import ExampleBatch
 from tessera.llm.finetune.cache import prepared
 from tessera.llm.finetune.chat import ChatTemplateError
 from tessera.llm.finetune.examples import ExampleError
+from tessera.llm.finetune.prep import SUMMARY_NAME
 from tessera.llm.tokenizer import TokenizerError
 from tessera.shards.inputs import InputNotFound
+from tessera.storage import StorageError, open_store
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
+from tessera.stream.forksafe import call_outside_runtime
 from tessera.stream.world import resolve_world
+from tessera.train.callbacks import Callback, TrainerView
 
 
 def example_loader(spec: Any, batch_size: int, seq_len: int, tokenizer: Any,
@@ -37,6 +42,44 @@ def example_loader(spec: Any, batch_size: int, seq_len: int, tokenizer: Any,
                                  collate_fn=collate)
     loader.prep_summary = summary  # type: ignore[attr-defined]  # for the trainer's logs and run config
     return loader
+
+
+def streamed_summary(spec: Any, section: str = "data.train") -> dict[str, Any]:
+    """The prep summary of a section's one stream of fine-tuning rows (`finetune-prep.json`, which prep
+    writes at the root of its output, beside `train/`), printed like `path`'s; {} when there is none or
+    the section mixes several streams."""
+    if len(spec.streams) != 1:
+        return {}
+    root = spec.streams[0].remote or spec.streams[0].local
+    if not root:
+        return {}
+    try:  # from a fork()ed helper, as the stream reads its index: DataLoader workers fork after this
+        raw = call_outside_runtime(lambda: open_store(root).get(SUMMARY_NAME))
+        summary = json.loads(raw)
+    except (StorageError, ValueError):
+        return {}
+    if resolve_world().rank == 0:
+        sys.stderr.write(f"{section}: {describe(summary)} ({root})\n")
+    return summary
+
+
+def prep_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    """What the loggers get of a prep summary: the share of padding, the examples kept, truncated, dropped."""
+    return {"data/padding_share": float(summary["padding_share"]), "data/examples": summary["examples"],
+            "data/examples_truncated": summary["truncated"],
+            "data/examples_dropped": summary["dropped_too_long"] + summary["dropped_no_loss"]}
+
+
+class PrepSummaryLog(Callback):
+    """Logs the training data's prep summary (`prep_metrics`) to every logger once, when the run starts."""
+
+    def __init__(self, summary: dict[str, Any]) -> None:
+        self.metrics = prep_metrics(summary)
+
+    def on_fit_start(self, trainer: TrainerView) -> None:
+        if trainer.rank == 0:
+            for logger in getattr(trainer, "loggers", ()):
+                logger.log_metrics(self.metrics, trainer.timestamp.batch)
 
 
 def describe(summary: dict[str, Any]) -> str:
