@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 import torch
-from conftest import WORDS
+from llm_helpers import WORDS
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"

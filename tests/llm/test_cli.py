@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import small_model, write_text_corpus
+from llm_helpers import small_model, write_text_corpus
 from typer.testing import CliRunner
 
 from tessera.cli.main import app

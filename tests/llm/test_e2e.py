@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_text_corpus
+from llm_helpers import write_text_corpus
 from typer.testing import CliRunner
 
 from tessera.cli.main import app

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import small_model
+from llm_helpers import small_model
 
 from tessera.llm.eval import (
     MCItem,

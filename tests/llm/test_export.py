@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import small_model
+from llm_helpers import small_model
 
 from tessera.llm.export import ExportError, load_model, load_pretrained, save_pretrained
 from tessera.llm.tokenizer import ByteTokenizer, load_tokenizer

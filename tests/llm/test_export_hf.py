@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import small_model
 from hf_fixtures import tiny_llama
+from llm_helpers import small_model
 from typer.testing import CliRunner
 
 from tessera.cli.main import app

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import small_model
+from llm_helpers import small_model
 
 from tessera.llm.model import IGNORE_INDEX, packed_positions
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import small_model
 from hf_fixtures import tiny_llama
+from llm_helpers import small_model
 
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec
 from tessera.llm.hf.gpt_to_hf import gpt_to_hf

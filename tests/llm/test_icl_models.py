@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import small_model
+from llm_helpers import small_model
 from typer.testing import CliRunner
 
 from tessera.cli.main import app

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import small_model
 from hf_fixtures import tiny_llama
+from llm_helpers import small_model
 
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec
 from tessera.llm.hf.load import QuantizationUnavailable, load_hf

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import small_config, small_model
+from llm_helpers import small_config, small_model
 
 from tessera.llm.generate import filter_logits, generate
 from tessera.llm.model import GPT, NAMED_CONFIGS, GPTConfig, alibi_slopes

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_jsonl_corpus, write_text_corpus
+from llm_helpers import write_jsonl_corpus, write_text_corpus
 
 import tessera.shards.sources as sources
 from tessera.llm.prep import is_validation, prep, token_dtype

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import write_text_corpus
+from llm_helpers import write_text_corpus
 from typer.testing import CliRunner
 
 from tessera.cli.main import app

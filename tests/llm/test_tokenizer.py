@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import write_jsonl_corpus
+from llm_helpers import write_jsonl_corpus
 
 from tessera.llm.tokenizer import EOS, BPETokenizer, ByteTokenizer, TokenizerError, load_tokenizer, train_bpe
 
