@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,14 +35,22 @@ def single_process_world(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def hold_downloads(ds: StreamingDataset) -> threading.Event:
-    """Whole-shard fetches wait until the returned event is set (at most 60 s)."""
+    """Whole-shard fetches wait until the returned event is set, the iteration's prefetcher is closed (an
+    error ended the epoch: its close waits for the held fetches) or 60 s have passed."""
     gate = threading.Event()
+
+    def closing() -> bool:
+        active = ds._shards.active
+        return active is not None and active._stopped
+
     for st in ds.streams:
         fetch = st.cache.fetch
 
         def held(entry: Any, rank_of: Any = None, optional: bool = False, fetch=fetch, cache=st.cache) -> Any:
-            if not cache.is_ready(entry):
-                gate.wait(60)
+            deadline = time.monotonic() + 60
+            while not cache.is_ready(entry) and not gate.wait(0.05) and not closing():
+                if time.monotonic() > deadline:
+                    break
             return fetch(entry, rank_of, optional)
 
         st.cache.fetch = held  # type: ignore[method-assign]
