@@ -4,8 +4,10 @@ working folder. Driven through the real CLI (typer's CliRunner), with real data 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -104,10 +106,19 @@ def test_the_first_command_a_user_types_is_one_line(workdir: Path) -> None:
 ])
 def test_values_the_recipe_leaves_to_the_user_are_named_in_one_line(workdir: Path, args: list[str],
                                                                    unset: list[str]) -> None:
-    """`???` in a recipe means "must be set": every such key is named with an override to copy, exit 2."""
-    for extra in ([], ["--print-config"]):
-        line = assert_one_line_error(train(*args, *extra), 2, *(f"{key} must be set (e.g. {key}=" for key in unset))
-        assert line.count("must be set") == len(unset)
+    """`???` in a recipe means "must be set": training names every such key with an override to copy, exit 2;
+    `--print-config` shows the recipe with those values still `???` and says they must be set."""
+    line = assert_one_line_error(train(*args), 2, *(f"{key} must be set (e.g. {key}=" for key in unset))
+    assert line.count("must be set") == len(unset)
+    shown = train(*args, "--print-config", "--json")
+    assert shown.exit_code == 0, shown.output
+    assert f"note: {', '.join(unset)} must be set before training" in shown.stderr
+    printed = json.loads(shown.stdout)
+    for key in unset:
+        value: Any = printed
+        for part in key.split("."):
+            value = value[int(part)] if isinstance(value, list) else value[part]
+        assert value == "???", key
     assert os.listdir(workdir) == []
 
 

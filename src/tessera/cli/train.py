@@ -23,7 +23,15 @@ import yaml
 
 from tessera.cli.console import fail
 from tessera.llm.hf.config import is_pretrained
-from tessera.llm.recipe import Recipe, RecipeError, load_recipe, recipe_keys, shipped_recipes
+from tessera.llm.recipe import (
+    Recipe,
+    RecipeError,
+    apply_override,
+    load_recipe,
+    load_recipe_leaving_unset,
+    recipe_keys,
+    shipped_recipes,
+)
 from tessera.shards import ShardError
 from tessera.storage import StorageError
 from tessera.stream.world import resolve_world
@@ -57,7 +65,8 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
         return
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # a process torchrun started
     try:
-        cfg = load_recipe(recipe, overrides or [])
+        cfg, unset = (load_recipe_leaving_unset(recipe, overrides or []) if print_config
+                      else (load_recipe(recipe, overrides or []), []))
         world, local = (nproc, nproc) if nproc and not launched else _job_world()
         parallel = resolve_plan(cfg.parallelism, world, local, _device_type(cfg), cfg.precision.value)
         cfg.check_batches(parallel.dp_degree)
@@ -65,12 +74,17 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
         fail(exc, code=2, debug=debug)
     if print_config:
         described = parallel.describe(_blocks(cfg))
+        dumped = cfg.dump()
+        for key in unset:  # shown as the recipe has them; training refuses them until they are set
+            apply_override(dumped, f"{key}=???")
+        if unset:
+            typer.echo(f"note: {', '.join(unset)} must be set before training", err=True)
         if as_json:
-            typer.echo(json.dumps({**cfg.dump(), "parallel_plan": described}, indent=2))
+            typer.echo(json.dumps({**dumped, "parallel_plan": described}, indent=2))
         else:
             comment = yaml.safe_dump({"parallel_plan": described}, sort_keys=False,
                                      default_flow_style=None).rstrip().splitlines()
-            typer.echo(yaml.safe_dump(cfg.dump(), sort_keys=False)
+            typer.echo(yaml.safe_dump(dumped, sort_keys=False)
                        + f"# resolved for {world} process(es):\n" + "\n".join(f"# {line}" for line in comment))
         return
     if nproc and nproc > 1 and not launched:

@@ -15,15 +15,12 @@ import torch
 
 from tessera.llm.hf.config import is_pretrained
 from tessera.llm.model import GPT
-from tessera.llm.recipe import Recipe, RecipeError, _read, apply_override, load_recipe
+from tessera.llm.recipe import Recipe, RecipeError, _read, apply_override, load_recipe_leaving_unset
 from tessera.llm.recipe_required import unset_keys
 from tessera.train.hardware import Accelerator
 from tessera.train.parallel import resolve_plan
 from tessera.train.plan import GB, USABLE_FRACTION, Layout, ModelCounts, Plan, make_plan
 from tessera.train.time import TimeUnit
-
-_PLACEHOLDERS = {"remote": "memory://plan/data", "save_folder": "memory://plan/ckpt", "load_path": "memory://plan/ckpt",
-                 "tokenizer": "byte"}
 
 
 def load_for_plan(path: str, overrides: list[str]) -> Recipe:
@@ -31,11 +28,10 @@ def load_for_plan(path: str, overrides: list[str]) -> Recipe:
     tree = _read(path)
     for item in overrides:
         apply_override(tree, item)
-    filled = [f"{key}={_PLACEHOLDERS.get(key.rsplit('.', 1)[-1], 'unset-for-plan')}" for key in unset_keys(tree)]
     if any(key.startswith("model.") for key in unset_keys(tree)):
         raise RecipeError("--plan needs the model: set model.pretrained (a local folder with config.json) or use "
                           "a recipe with model.name")
-    return load_recipe(path, [*overrides, *filled])
+    return load_recipe_leaving_unset(path, overrides)[0]
 
 
 def model_counts(recipe: Recipe) -> ModelCounts:

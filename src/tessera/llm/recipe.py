@@ -38,7 +38,7 @@ from tessera.llm.finetune.config import ExampleSource
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.icl.config import ICLSection
 from tessera.llm.model import NAMED_CONFIGS, GPTConfig
-from tessera.llm.recipe_required import must_be_set_message, unset_keys
+from tessera.llm.recipe_required import must_be_set_message, placeholder_overrides, unset_keys
 from tessera.stream.config import StreamConfig, StreamingConfig
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
 from tessera.train.time import Time
@@ -329,6 +329,19 @@ def _explain(exc: ValidationError) -> str:
     if len(lines) == 1:
         return f"invalid recipe: {lines[0]}"
     return "invalid recipe:\n  " + "\n  ".join(lines)
+
+
+def load_recipe_leaving_unset(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, list[str]]:
+    """The recipe validated with its `???` values (data, buckets) standing in as placeholders, and those
+    keys: what `--print-config` and `--plan` show before the user has set them. A model left unset is
+    still an error, since everything else derives from it."""
+    tree = _read(path)
+    for item in overrides:
+        apply_override(tree, item)
+    unset = unset_keys(tree)
+    if any(key.startswith("model.") for key in unset):
+        return load_recipe(path, overrides), []  # raises, naming every unset key
+    return load_recipe(path, [*overrides, *placeholder_overrides(unset)]), unset
 
 
 def load_recipe(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:

@@ -38,3 +38,14 @@ def must_be_set_message(keys: list[str]) -> str:
     """One line: `k must be set (e.g. k=s3://bucket/path); ...` for each key."""
     return "; ".join(f"{key} must be set (e.g. {key}={_EXAMPLES.get(key.rsplit('.', 1)[-1], 'VALUE')})"
                      for key in keys)
+
+
+# What stands in for an unset value where nothing is opened (`--print-config`, `--plan`): storage that is
+# never touched, the byte tokenizer.
+_PLACEHOLDERS = {"remote": "memory://unset/data", "save_folder": "memory://unset/ckpt",
+                 "load_path": "memory://unset/ckpt", "tokenizer": "byte"}
+
+
+def placeholder_overrides(keys: list[str]) -> list[str]:
+    """`key=placeholder` overrides that let a recipe with unset values validate for printing or planning."""
+    return [f"{key}={_PLACEHOLDERS.get(key.rsplit('.', 1)[-1], 'unset')}" for key in keys]
