@@ -136,6 +136,9 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
     torch.save({"weights": trainer.model.state_dict(), "skipped": [m["train/skipped_steps"] for m in metrics.logged]},
                f"{out}/rank{rank}.pt")
     trainer.close()
+    # Gloo's threads must be joined before the process exits, or C++ aborts it ("terminate called without
+    # an active exception"), which spawn reports as a failed rank.
+    torch.distributed.destroy_process_group()
 
 
 def test_under_ddp_every_rank_skips_when_one_ranks_loss_is_nan(tmp_path: Path) -> None:
