@@ -3,6 +3,7 @@ and on 2 gloo ranks, from `tessera llm eval --icl-tasks` and during `tessera tra
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -210,6 +211,10 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
     trainer.close()
     Path(out, f"rank{rank}.json").write_text(json.dumps([(b, {k: v for k, v in m.items() if k != "icl/seconds"})
                                                         for b, m in icl.history]))
+    # The DDP wrapper goes first: freed after destroy_process_group, its reducer would hold the last
+    # reference to the gloo group and join gloo's thread while holding the GIL that thread waits for.
+    del trainer, icl
+    gc.collect()
     torch.distributed.destroy_process_group()
 
 

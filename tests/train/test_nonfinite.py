@@ -4,6 +4,7 @@ The reference run skips the same steps by construction (its optimizer does not s
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import types
@@ -137,7 +138,10 @@ def _ddp_rank(rank: int, port: int, out: str) -> None:
                f"{out}/rank{rank}.pt")
     trainer.close()
     # Gloo's threads must be joined before the process exits, or C++ aborts it ("terminate called without
-    # an active exception"), which spawn reports as a failed rank.
+    # an active exception"). The DDP wrapper goes first: freed after destroy_process_group, its reducer would
+    # hold the last reference to the group and join gloo's thread while holding the GIL that thread waits for.
+    del trainer
+    gc.collect()
     torch.distributed.destroy_process_group()
 
 
