@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from tessera.train import Callback, Trainer
+from tessera.train.nonfinite import NonFiniteError
 from tessera.train.schedule import LinearWithWarmup
-from tessera.train.trainer import NonFiniteError, seed_all
+from tessera.train.trainer import seed_all
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 STEPS = 8

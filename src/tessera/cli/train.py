@@ -91,7 +91,7 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
         raise typer.Exit(_launch(nproc, recipe, overrides or [], debug))
     from tessera.llm.train_run import DataUnavailable  # torch is imported only when training
     from tessera.llm.train_run import train as run
-    from tessera.train.trainer import NonFiniteError
+    from tessera.train.nonfinite import NonFiniteError
 
     logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s")
     logging.getLogger("tessera").setLevel(logging.INFO)  # resumption, checkpoints: what users look for

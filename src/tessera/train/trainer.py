@@ -1,5 +1,5 @@
 """`Trainer`: one readable training loop; checkpoints, logging, evaluation and set-up are calls into the
-modules that own them (checkpoint, loggers, metrics, microbatch, distributed, heartbeat).
+modules that own them (checkpoint, loggers, metrics, microbatch, distributed, heartbeat, nonfinite).
 
     trainer = Trainer(model=model, optimizers=opt, train_dataloader=loader, max_duration="2ep",
                       save_folder="s3://bucket/runs/{run_name}/checkpoints", save_interval="500ba",
@@ -68,6 +68,7 @@ from tessera.train.microbatch import (
     rng_snapshot,
     split_batch,
 )
+from tessera.train.nonfinite import NonFiniteGuard
 from tessera.train.parallel import clip_grad_norm_, parallelize, resolve_plan, total_grad_norm
 from tessera.train.schedule import lambda_lr
 from tessera.train.throughput import Throughput, flops_per_token
@@ -81,21 +82,6 @@ def seed_all(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-class NonFiniteError(RuntimeError):
-    """The loss or gradient norm became NaN or infinite: the run stops before such weights are saved."""
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of an FSDP (DTensor) tensor, sharing its storage; a plain tensor itself."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
-
-
-def _keep_where(skip: torch.Tensor, live: torch.Tensor, before: torch.Tensor | None) -> None:
-    """`live` back to `before` (zeros if it did not exist) where the flag `skip` is set, on the device."""
-    before = torch.zeros_like(live) if before is None else before
-    live.copy_(torch.where(skip.to(live.device), before, live))
 
 
 def _listify(value: Any) -> list[Any]:
@@ -173,10 +159,7 @@ class Trainer:
         self.stop_requested = False
         self._pending_rng: dict[str, Any] | None = None
         self.resumed: dict[str, Any] | None = None  # the loaded checkpoint's URL and config, after fit() resumed
-        self._nonfinite: torch.Tensor | None = None  # on the device: read only where the loop syncs anyway
-        self._finite_until = 0  # the last batch known to be finite
-        self.on_nonfinite, self.max_skipped_steps = cfg.on_nonfinite, cfg.max_skipped_steps
-        self._skipped = torch.zeros((), dtype=torch.int64, device=self.device)  # on_nonfinite="skip": on the device
+        self.nonfinite = NonFiniteGuard(cfg.on_nonfinite, cfg.max_skipped_steps, self.device, self.scaler)
         self._last_eval: Timestamp | None = None
         self._flops_per_token = flops_per_token(self.model)
         self._peak_flops = device_peak_flops(self.device, self.precision.value)
@@ -188,7 +171,7 @@ class Trainer:
         self._resume()
         self._start()
         started_at = self.timestamp
-        self._finite_until = started_at.batch
+        self.nonfinite.finite_until = started_at.batch
         batches = EpochIterator(self.train_dataloader, self.timestamp.batch_in_epoch, self._pending_rng)
         try:
             while not self._finished():
@@ -211,12 +194,12 @@ class Trainer:
                 loss = self._train_batch(batch)                   # forward + backward over microbatches
                 self.throughput.mark("forward_backward")
                 grad_norm = self._clip_gradients()
-                skip = self._note_nonfinite(loss, grad_norm)    # None unless on_nonfinite="skip"
+                skip = self.nonfinite.note(loss, grad_norm)     # None unless on_nonfinite="skip"
                 for opt in self.optimizers:
                     if skip is None:
                         self.scaler.step(opt)
                     else:
-                        self._step_unless(skip, opt)
+                        self.nonfinite.step_unless(skip, opt)
                     opt.zero_grad(set_to_none=True)
                 self.scaler.update()
                 self.throughput.mark("optimizer")
@@ -283,8 +266,7 @@ class Trainer:
         """The gradients' global norm after clipping them (None without clipping). With on_nonfinite="skip"
         the gradients are always unscaled and the norm is computed (it decides the skip; fp16: the scaler's
         overflow check does)."""
-        skip_mode = self.on_nonfinite == "skip"
-        if self.grad_clip_norm is None and not skip_mode:
+        if self.grad_clip_norm is None and not self.nonfinite.skipping:
             return None
         for opt in self.optimizers:
             self.scaler.unscale_(opt)
@@ -318,84 +300,9 @@ class Trainer:
         if self.heartbeat:
             self.heartbeat.beat(self.timestamp)
 
-    def _note_nonfinite(self, loss: torch.Tensor, grad_norm: torch.Tensor | None) -> torch.Tensor | None:
-        """OR this step's "loss or grad norm is not finite" into a device flag, without a host sync.
-        With float16 a scaler skips steps whose gradients overflow, so only the loss counts there.
-
-        With on_nonfinite="skip" the step's flag is returned instead (the same on every rank: the losses
-        differ per rank, so it is all-reduced, a collective on the device), counted in `_skipped`, and the
-        device flag is "more than max_skipped_steps were skipped"."""
-        values = [loss.float()]
-        if grad_norm is not None and not self.scaler.is_enabled():
-            values.append(grad_norm.float().to(loss.device))
-        bad = ~torch.isfinite(torch.stack(values)).all()
-        if self.on_nonfinite == "stop":
-            self._flag_nonfinite(bad)
-            return None
-        skip = dist_utils.all_reduce_(bad.float().reshape(1), "max")[0] > 0
-        self._skipped += skip
-        self._flag_nonfinite(self._skipped > self.max_skipped_steps)
-        return skip
-
-    @torch.no_grad()
-    def _step_unless(self, skip: torch.Tensor, opt: torch.optim.Optimizer) -> None:
-        """`opt.step()`, leaving the weights and the optimizer's state as they were where the device flag
-        `skip` is set, decided on the device as GradScaler does with `found_inf`: under fp16 the flag joins
-        the scaler's found_inf; a fused optimizer (`_step_supports_amp_scaling`, e.g. AdamW(fused=True))
-        takes it as found_inf; any other optimizer steps and what it changed is put back where the flag is
-        set (a copy of the weights and state is kept during the step; state the step created is reset to
-        zeros, i.e. new). A state tensor kept on another device than the flag (a non-fused torch Adam's step
-        counter, on the CPU, for a GPU model) needs the flag there: one read of it per step."""
-        if self.scaler.is_enabled():  # _clip_gradients unscaled: the scaler knows this step's overflow
-            for found_inf in self.scaler._per_optimizer_states[id(opt)]["found_inf_per_device"].values():
-                found_inf.copy_(torch.maximum(found_inf, skip.to(found_inf)))
-            self.scaler.step(opt)
-            return
-        if getattr(opt, "_step_supports_amp_scaling", False):
-            opt.grad_scale, opt.found_inf = None, skip.float()  # type: ignore[attr-defined]
-            try:
-                opt.step()
-            finally:
-                del opt.grad_scale, opt.found_inf  # type: ignore[attr-defined]
-            return
-        params = [p for group in opt.param_groups for p in group["params"] if p.grad is not None]
-        before = [(_local(p).clone(), {key: _local(value).clone() for key, value in opt.state.get(p, {}).items()
-                                       if torch.is_tensor(value)}) for p in params]
-        opt.step()
-        for p, (weights, state) in zip(params, before, strict=True):
-            _keep_where(skip, _local(p), weights)
-            for key, value in opt.state.get(p, {}).items():
-                if torch.is_tensor(value):
-                    _keep_where(skip, _local(value), state.get(key))
-
-    def _flag_nonfinite(self, flag: torch.Tensor) -> None:
-        self._nonfinite = flag if self._nonfinite is None else self._nonfinite | flag
-
     def _check_finite(self, weights: bool = False) -> None:
-        """Raise NonFiniteError (on every rank) if any step since the last check was not finite. Called
-        where the loop synchronises already (logging, before a checkpoint), so a GPU step never waits.
-        Before a checkpoint the weights are checked too: the last step's update may have overflowed them."""
-        params = self.model.parameters() if weights else []
-        shards = [p.to_local() if hasattr(p, "to_local") else p for p in params]  # FSDP: this rank's shard
-        if shards:
-            self._flag_nonfinite(~torch.stack([torch.isfinite(p).all() for p in shards]).all())
-        if self._nonfinite is None:
-            return
-        flag = dist_utils.all_reduce_(self._nonfinite.float().reshape(1), "max")
-        if flag.item() and self.on_nonfinite == "skip" and self._skipped.item() > self.max_skipped_steps:
-            raise NonFiniteError(
-                f"{self._skipped.item()} steps were skipped by batch {self.timestamp.batch} because their loss or "
-                f"gradient norm was NaN or infinite, more than max_skipped_steps={self.max_skipped_steps}: lower "
-                f"optimizer.lr or grad_clip_norm, or check the data")
-        if flag.item():
-            lrs = ", ".join(f"{opt.param_groups[0]['lr']:g}" for opt in self.optimizers)
-            first, last = self._finite_until + 1, self.timestamp.batch
-            where = f"at batch {last}" if first >= last else f"between batch {first} and batch {last}"
-            raise NonFiniteError(
-                f"the loss, gradient norm or weights became NaN or infinite {where} (learning rate {lrs}); the "
-                f"run is stopped without saving these weights: lower optimizer.lr or grad_clip_norm, or check "
-                f"the data")
-        self._nonfinite, self._finite_until = None, self.timestamp.batch
+        """NonFiniteGuard.check at this batch; `weights`: the model's parameters too (before a save)."""
+        self.nonfinite.check(self.timestamp.batch, self.optimizers, self.model.parameters() if weights else ())
 
     def _fires(self, interval: Time, before: Timestamp, epoch_length: int | None) -> bool:
         """`dur` intervals of an `ep` max_duration need the epoch length; `ep` intervals count epochs."""
@@ -504,9 +411,9 @@ class Trainer:
                    epoch_length: int | None) -> dict[str, float]:
         if not interval_fires(self.log_interval, before, self.timestamp):
             return {}
-        skipping = self.on_nonfinite == "skip"
+        skipping = self.nonfinite.skipping
         values = torch.stack([loss.float()] + ([grad_norm.float().to(loss.device)] if grad_norm is not None else [])
-                             + ([self._skipped.float()] if skipping else []))
+                             + ([self.nonfinite.skipped.float()] if skipping else []))
         values = dist_utils.all_reduce_(values, "mean").tolist()  # grad norms, skip counts: equal on every rank
         self._check_finite()  # the values just synchronised: no extra wait
         ts = self.timestamp
@@ -544,7 +451,7 @@ class Trainer:
         if trained and self.checkpoints is not None:
             self._check_finite(weights=True)
             self.save_checkpoint()
-        elif trained and self.on_nonfinite == "skip":
+        elif trained and self.nonfinite.skipping:
             self._check_finite()  # too many skipped steps since the last log line also fail the run
         if self.checkpoints is not None:
             self.checkpoints.wait()
