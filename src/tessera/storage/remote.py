@@ -8,7 +8,6 @@ owns the policy, so the attempt count users configure is the one they get.
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -17,9 +16,9 @@ from typing import Any
 import obstore
 
 from tessera.storage.base import Data, ObjectInfo, Store
-from tessera.storage.errors import NotFound, is_transient, translate
+from tessera.storage.errors import NotFound
 from tessera.storage.fork_gate import note_request
-from tessera.storage.retry import RetryBudget, RetryPolicy, call_with_retry, give_up
+from tessera.storage.retry import RetryBudget, RetryPolicy, call_with_retry
 from tessera.storage.url import ParsedURL, check_key, join_key
 
 MULTIPART_THRESHOLD = 16 << 20
@@ -142,12 +141,7 @@ class ObjectStore(Store):
                             yield info
                 return
             except Exception as exc:  # noqa: BLE001 - classified like every other call
-                if not is_transient(exc):
-                    raise translate(exc, url, self.endpoint) from exc
-                delay = budget.next_delay()
-                if delay is None:
-                    raise give_up(exc, url, budget, self.endpoint) from exc
-                time.sleep(delay)
+                budget.failed(exc, url, self.endpoint)
 
     def delete(self, key: str) -> None:
         path = self._full(key)

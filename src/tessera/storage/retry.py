@@ -77,7 +77,7 @@ class RetryPolicy:
 
 class RetryBudget:
     """The attempts and the deadline of one operation: call `start()` before each attempt and
-    `next_delay()` after a transient failure, which returns the sleep before the next one or None.
+    `failed(exc, url)` after a failure, which sleeps before the next attempt or raises.
 
     The deadline counts from the last sign of life: an attempt that lasted longer than the policy's
     `silence` (plus a second of slack for the client's own overhead) was being answered: it would have
@@ -104,13 +104,19 @@ class RetryBudget:
             return None
         return delay
 
-
-def give_up(exc: BaseException, url: str, budget: RetryBudget, endpoint: str | None) -> TransientError:
-    """The error after the last transient failure: typed, naming `url` and the endpoint that timed out."""
-    err = translate(exc, url, endpoint)
-    if not isinstance(err, TransientError):
-        err = TransientError(f"{url}: gave up after {budget.attempt} attempts ({err})", url)
-    return err
+    def failed(self, exc: BaseException, url: str, endpoint: str | None = None) -> None:
+        """After a failed attempt: sleep before the next one, or raise a translated StorageError naming
+        `url` (and `endpoint` when the last failure is a timeout) when `exc` is permanent or the attempts
+        or the deadline are spent."""
+        if not is_transient(exc):
+            raise translate(exc, url, endpoint) from exc
+        delay = self.next_delay()
+        if delay is None:
+            err = translate(exc, url, endpoint)
+            if not isinstance(err, TransientError):
+                err = TransientError(f"{url}: gave up after {self.attempt} attempts ({err})", url)
+            raise err from exc
+        time.sleep(delay)
 
 
 def call_with_retry(fn: Callable[[], T], url: str, policy: RetryPolicy, endpoint: str | None = None) -> T:
@@ -124,10 +130,5 @@ def call_with_retry(fn: Callable[[], T], url: str, policy: RetryPolicy, endpoint
         budget.start()
         try:
             return fn()
-        except Exception as exc:  # noqa: BLE001 - every backend error is classified below
-            if not is_transient(exc):
-                raise translate(exc, url, endpoint) from exc
-            delay = budget.next_delay()
-            if delay is None:
-                raise give_up(exc, url, budget, endpoint) from exc
-            time.sleep(delay)
+        except Exception as exc:  # noqa: BLE001 - every backend error is classified by `failed`
+            budget.failed(exc, url, endpoint)
