@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tessera.shards.convert_worker import ChunkJob, EncodedChunk, encode_chunk, open_body, select
+from tessera.shards.index import ShardEntry
 from tessera.shards.inputs import is_url
 from tessera.shards.sources import Chunk, SourceError, detect_format, infer_columns, plan_chunks, read_chunk
 from tessera.shards.writer import ShardWriter
@@ -50,6 +51,15 @@ class ConvertSummary:
     workers: int = 1
     skipped: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def written(self, entries: Sequence[ShardEntry], started: float) -> ConvertSummary:
+        """Count the shards written (`entries`) and the seconds since `started` (perf_counter)."""
+        self.seconds = time.perf_counter() - started
+        self.samples = sum(e.samples for e in entries)
+        self.shards = len(entries)
+        self.raw_bytes = sum(e.raw_data.bytes for e in entries)
+        self.stored_bytes = sum(e.stored.bytes for e in entries)
+        return self
 
     @property
     def samples_per_second(self) -> float:
@@ -243,12 +253,7 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
             if pool is not None:
                 pool.close(wait=False)  # the workers exit while the last shards are stored
             entries = w.finish()
-    summary.seconds = time.perf_counter() - t0
-    summary.samples = sum(e.samples for e in entries)
-    summary.shards = len(entries)
-    summary.raw_bytes = sum(e.raw_data.bytes for e in entries)
-    summary.stored_bytes = sum(e.stored.bytes for e in entries)
-    return summary
+    return summary.written(entries, t0)
 
 
 def _infer(chunks: list[Chunk], fmt: str, text_field: str | None, path: str | Path) -> dict[str, str]:

@@ -260,10 +260,5 @@ def convert_on_ray(input: str | Path, out: str | Path, *, fmt: str | None = None
                 if progress:
                     progress(samples, done)
     merged = commit_parts(store, [part_name(job.index) for job in jobs])
-    summary.seconds = time.perf_counter() - t0
-    summary.samples = merged.num_samples
-    summary.shards = len(merged.shards)
-    summary.raw_bytes = sum(e.raw_data.bytes for e in merged.shards)
-    summary.stored_bytes = sum(e.stored.bytes for e in merged.shards)
     summary.skipped = sum(index.num_samples for index in kept.values())
-    return summary
+    return summary.written(merged.shards, t0)
