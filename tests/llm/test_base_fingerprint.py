@@ -9,8 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from hf_fixtures import chat_tokenizer, tiny_llama, write_chat_jsonl
 
+from tessera.llm.hf import fingerprint
 from tessera.llm.hf.fingerprint import changed_files, folder_fingerprint
 
 TESSERA = str(Path(sys.executable).with_name("tessera"))
@@ -20,17 +22,32 @@ def tessera(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
     return subprocess.run([TESSERA, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-def test_fingerprint_follows_the_bytes_not_the_docs_or_times(tmp_path: Path) -> None:
+@pytest.mark.parametrize("cached", [False, True])
+def test_fingerprint_follows_the_bytes_not_the_docs_or_times(tmp_path: Path, cached: bool) -> None:
+    cache = tmp_path / "cache" if cached else None
     base = tiny_llama(tmp_path / "base", seed=0)
-    before = folder_fingerprint(base)
+    before = folder_fingerprint(base, cache)
     assert "model.safetensors" in before["files"] and "config.json" in before["files"]
     (base / "README.md").write_text("a model card\n")
     os.utime(base / "model.safetensors", (1, 1))
-    assert folder_fingerprint(base) == before
+    assert folder_fingerprint(base, cache) == before
     size = (base / "model.safetensors").stat().st_size
     tiny_llama(base, seed=1)  # other weights, the same shapes: the file keeps its size
     assert (base / "model.safetensors").stat().st_size == size
-    assert changed_files(before, folder_fingerprint(base)) == ["model.safetensors"]
+    assert changed_files(before, folder_fingerprint(base, cache)) == ["model.safetensors"]
+    assert folder_fingerprint(base, cache) == folder_fingerprint(base)  # the record agrees with the bytes
+
+
+def test_a_recorded_fingerprint_hashes_only_changed_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    base = tiny_llama(tmp_path / "base", seed=0)
+    first = folder_fingerprint(base, tmp_path / "cache")
+    hashed: list[str] = []
+    digest = fingerprint.file_digest
+    monkeypatch.setattr(fingerprint, "file_digest", lambda p: hashed.append(p.name) or digest(p))
+    assert folder_fingerprint(base, tmp_path / "cache") == first and hashed == []
+    (base / "config.json").write_text((base / "config.json").read_text() + "\n")
+    folder_fingerprint(base, tmp_path / "cache")
+    assert hashed == ["config.json"]
 
 
 def test_resume_and_export_refuse_a_changed_base(tmp_path: Path) -> None:

@@ -11,22 +11,30 @@ READMEs, licences or subfolders such as a model's `original/` copy), and resume 
 difference is a `BaseModelChanged` error naming the folder and the files, unless overridden.
 
 Hashing reads every weight byte once (xxh3 runs at memory speed; the disk sets the pace, and loading the
-model reads the same bytes right after, from the page cache). A remote model is hashed in its local copy
-(hf/cache.py), which a changed upload replaces. A Tessera checkpoint used as the base is not fingerprinted
+model reads the same bytes right after, from the page cache). A run hashes once per node: the first local
+rank to take the lock hashes and records each file's hash in the model cache (`<cache>/.fingerprints/`)
+keyed by the file's inode, size, mtime and ctime (any write changes ctime, which no copy tool can set);
+the other ranks, and later starts, read the record and hash only files whose key changed. A remote model
+is hashed in its local copy (hf/cache.py), which a changed upload replaces. A Tessera checkpoint used as the base is not fingerprinted
 (its folder holds other checkpoints that change as it trains); its check is skipped.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
-from tessera.llm.hf.cache import is_remote, local_model_folder
+from tessera.llm.hf.cache import default_cache_dir, is_remote, local_model_folder
 from tessera.llm.hf.config import PretrainedSpec
 from tessera.storage import open_store
+from tessera.storage.local import write_atomic
+from tessera.stream.cache import flocked
 from tessera.train.callbacks import Callback
 
 SKIPPED_SUFFIXES = (".md", ".txt", ".gitattributes", ".lock")
@@ -53,9 +61,34 @@ def file_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def folder_fingerprint(folder: str | os.PathLike[str]) -> dict[str, Any]:
-    """{"digest": one hash over every file's name and hash, "files": {name: hash}} of a local model folder."""
-    files = {p.name: file_digest(p) for p in fingerprinted_files(Path(folder))}
+def _stat_key(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def folder_fingerprint(folder: str | os.PathLike[str], cache_dir: str | os.PathLike[str] | None = None
+                       ) -> dict[str, Any]:
+    """{"digest": one hash over every file's name and hash, "files": {name: hash}} of a local model folder.
+    With `cache_dir`, the hashes of files unchanged since the last call (same inode, size, mtime, ctime)
+    are read from a record there, and the local ranks of a node hash one at a time (the first does it)."""
+    folder = Path(folder)
+    if cache_dir is None:
+        files = {p.name: file_digest(p) for p in fingerprinted_files(folder)}
+    else:
+        record = (Path(cache_dir).expanduser() / ".fingerprints" /
+                  f"{hashlib.sha256(os.fsencode(folder.resolve())).hexdigest()[:16]}.json")
+        with flocked(record.with_suffix(".lock"), fcntl.LOCK_EX):
+            try:
+                known = json.loads(record.read_text())
+            except (OSError, ValueError):
+                known = {}
+            entries = {}
+            for p in fingerprinted_files(folder):
+                key, (seen_key, seen) = _stat_key(p), known.get(p.name) or (None, None)
+                entries[p.name] = (key, seen if seen_key == key else file_digest(p))
+            if entries != {name: tuple(entry) for name, entry in known.items()}:
+                write_atomic(record, json.dumps(entries).encode())
+        files = {name: digest for name, (_, digest) in entries.items()}
     overall = xxhash.xxh3_128()
     for name, digest in files.items():
         overall.update(f"{name}\t{digest}\n".encode())
@@ -80,7 +113,7 @@ def base_fingerprint(spec: PretrainedSpec) -> dict[str, Any] | None:
     folder = fingerprint_folder_of(spec)
     if folder is None:
         return None
-    return {"folder": spec.pretrained, **folder_fingerprint(folder)}
+    return {"folder": spec.pretrained, **folder_fingerprint(folder, spec.cache_dir or default_cache_dir())}
 
 
 def changed_files(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
