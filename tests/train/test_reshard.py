@@ -191,11 +191,22 @@ def test_the_writer_runs_below_the_loops_priority_with_bounded_uploads(tmp_path,
 # --- script roles ---------------------------------------------------------------------------------------
 
 
+def _save_full_state_and_exit(model: torch.nn.Module, opt: torch.optim.Optimizer, out: str) -> None:
+    """Rank 0 saves the gathered full model and optimizer state to `out`; then every rank leaves the group."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    msd, osd = get_state_dict(model, [opt], options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() == 0:
+        torch.save({"model": dict(msd), "optim": dict(osd["state"])}, out)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def _load_into_fsdp(url: str, out: str) -> None:
     """Load a 2-rank checkpoint into an FSDP2 MLP over every rank (1: a single-rank process group) and
     gather the full state on rank 0."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -209,17 +220,12 @@ def _load_into_fsdp(url: str, out: str) -> None:
     state = CheckpointManager(url).load(url, model=model, optimizers=[opt])
     assert state["checkpoint"]["rng_derived"] == (dist.get_rank() >= 2)
     apply_state(state, model, [opt], restore_rng=False)
-    msd, osd = get_state_dict(model, [opt], options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() == 0:
-        torch.save({"model": dict(msd), "optim": dict(osd["state"])}, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    _save_full_state_and_exit(model, opt, out)
 
 
 def _save_tensor_parallel(folder: str, expected: str) -> None:
     """2 ranks: the MLP's first layer split column-wise, its last row-wise; one step, then a save."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -239,11 +245,7 @@ def _save_tensor_parallel(folder: str, expected: str) -> None:
     manager = CheckpointManager(folder)
     manager.save(capture_state(model, [opt], timestamp=ts), ts)
     manager.close()
-    msd, osd = get_state_dict(model, [opt], options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() == 0:
-        torch.save({"model": dict(msd), "optim": dict(osd["state"])}, expected)
-    dist.barrier()
-    dist.destroy_process_group()
+    _save_full_state_and_exit(model, opt, expected)
 
 
 def _save_gpt(folder: str, expected: str) -> None:
