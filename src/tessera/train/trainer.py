@@ -283,8 +283,7 @@ class Trainer:
         if self._count_group is None:
             return batch_size_of(batch), int(tokens)
         counts = torch.tensor([batch_size_of(batch), int(tokens)], dtype=torch.int64)
-        if self._count_group is not None:
-            torch.distributed.all_reduce(counts, group=self._count_group)
+        torch.distributed.all_reduce(counts, group=self._count_group)
         samples, tokens = (count // self.plan.tp_degree for count in counts.tolist())  # a TP group: one batch
         return samples, tokens
 
