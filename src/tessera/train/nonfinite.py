@@ -83,7 +83,10 @@ class NonFiniteGuard:
             flag = flags.get(live.device)
             if flag is None:
                 flag = flags[live.device] = skip.to(live.device)
-            live.copy_(torch.where(flag, torch.zeros_like(live) if old is None else old, live))
+            if old is None:
+                live.masked_fill_(flag, 0)
+            else:
+                torch.where(flag, old, live, out=live)  # in place: no temporary per tensor
 
         for p, (weights, state) in zip(params, before, strict=True):
             keep_where(_local(p), weights)
