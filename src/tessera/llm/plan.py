@@ -15,8 +15,7 @@ import torch
 
 from tessera.llm.hf.config import is_pretrained
 from tessera.llm.model import GPT
-from tessera.llm.recipe import Recipe, RecipeError, _read, apply_override, load_recipe_leaving_unset
-from tessera.llm.recipe_required import unset_keys
+from tessera.llm.recipe import Recipe, RecipeError, load_recipe_leaving_unset
 from tessera.train.hardware import Accelerator
 from tessera.train.parallel import resolve_plan
 from tessera.train.plan import GB, USABLE_FRACTION, Layout, ModelCounts, Plan, make_plan
@@ -25,13 +24,9 @@ from tessera.train.time import TimeUnit
 
 def load_for_plan(path: str, overrides: list[str]) -> Recipe:
     """The recipe with its `???` values (buckets, data) set to placeholders a plan never opens."""
-    tree = _read(path)
-    for item in overrides:
-        apply_override(tree, item)
-    if any(key.startswith("model.") for key in unset_keys(tree)):
-        raise RecipeError("--plan needs the model: set model.pretrained (a local folder with config.json) or use "
-                          "a recipe with model.name")
-    return load_recipe_leaving_unset(path, overrides)[0]
+    return load_recipe_leaving_unset(path, overrides, model_unset=(
+        "--plan needs the model: set model.pretrained (a local folder with config.json) or use a recipe with "
+        "model.name"))[0]
 
 
 def model_counts(recipe: Recipe) -> ModelCounts:

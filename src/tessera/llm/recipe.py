@@ -331,24 +331,35 @@ def _explain(exc: ValidationError) -> str:
     return "invalid recipe:\n  " + "\n  ".join(lines)
 
 
-def load_recipe_leaving_unset(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, list[str]]:
+def load_recipe_leaving_unset(path: str, overrides: list[str] | tuple[str, ...] = (),
+                              model_unset: str | None = None) -> tuple[Recipe, list[str]]:
     """The recipe validated with its `???` values (data, buckets) standing in as placeholders, and those
     keys: what `--print-config` and `--plan` show before the user has set them. A model left unset is
-    still an error, since everything else derives from it."""
-    tree = _read(path)
-    for item in overrides:
-        apply_override(tree, item)
+    still an error, since everything else derives from it: `model_unset`, or the line naming every unset key."""
+    tree = _overridden(path, overrides)
     unset = unset_keys(tree)
     if any(key.startswith("model.") for key in unset):
-        return load_recipe(path, overrides), []  # raises, naming every unset key
-    return load_recipe(path, [*overrides, *placeholder_overrides(unset)]), unset
+        if model_unset is not None:
+            raise RecipeError(model_unset)
+        return _validated(tree), []  # raises, naming every unset key
+    for item in placeholder_overrides(unset):
+        apply_override(tree, item)
+    return _validated(tree), unset
 
 
 def load_recipe(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recipe:
     """Read a recipe (a path, or the name of a shipped one), apply overrides, validate."""
+    return _validated(_overridden(path, overrides))
+
+
+def _overridden(path: str, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     tree = _read(path)
     for item in overrides:
         apply_override(tree, item)
+    return tree
+
+
+def _validated(tree: dict[str, Any]) -> Recipe:
     if unset := unset_keys(tree):
         raise RecipeError(f"invalid recipe: {must_be_set_message(unset)}")
     if "model" in tree and isinstance(tree["model"], dict) and not is_pretrained(tree["model"]):
