@@ -33,10 +33,11 @@ def threads_for_load(load: float, cores: int, user_set: bool) -> int | None:
 
 
 def available_cores() -> int:
+    """Cores this process may run on (its affinity mask, e.g. a Slurm or cgroup cpuset), at least 1."""
     try:
-        return len(os.sched_getaffinity(0))
+        return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1
+        return max(1, os.cpu_count() or 1)
 
 
 def threads_set_by_user(cores: int) -> bool:

@@ -25,17 +25,11 @@ import os
 import sys
 import threading
 
+from tessera.train.cpu_threads import available_cores
+
 log = logging.getLogger(__name__)
 
 WRITER_NICE = 10   # added to the writer threads' nice value; 19 is the lowest priority
-
-
-def available_cores() -> int:
-    """Cores this process may run on (its affinity mask, e.g. a Slurm or cgroup cpuset), at least 1."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def local_ranks() -> int:
