@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 import torch
-from trainer_overhead import ListLoader, StepClock
+from trainer_overhead import ListLoader, StepClock, make_batches, step_median
 
 from tessera.llm.model import GPT, GPTConfig
 from tessera.train import Trainer
@@ -62,9 +62,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     torch.manual_seed(0)
     model = GPT(GPTConfig(d_model=args.d_model, n_heads=max(1, args.d_model // 64), n_layers=args.layers,
                           vocab_size=args.vocab, max_seq_len=args.seq))
-    gen = torch.Generator().manual_seed(1)
-    batches = [{"tokens": torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen)}
-               for _ in range(args.steps)]
+    batches = make_batches(args)
     setting, how = parallelism_setting(args.ac, args.compile)
     if setting is None:
         apply_directly(model, args.ac, args.compile)
@@ -84,7 +82,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if peak is None:
         peak = summary["summary/memory/rss_peak_gb"] - rss_before
     tokens = args.batch * args.seq
-    step = statistics.median(steps[args.warmup:])
+    step = step_median(clock.marks, args.warmup)
     return {"ac": args.ac, "compile": args.compile, "how": how, "device": str(trainer.device),
             "step_s": step, "first_steps_s": sum(steps[:args.warmup]), "tokens_per_sec": tokens / step,
             "peak_gb": peak, "params": model.num_params()}
