@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tessera.llm.icl.scoring import score_continuations
 from tessera.llm.tokenizer import Tokenizer
 
 # --- perplexity ----------------------------------------------------------------------------------------
@@ -188,25 +189,16 @@ class ModelScorer:
         ctx = self.tokenizer.encode(stripped)
         conts = [self.tokenizer.encode(moved + c) or [self.tokenizer.eos_id] for c in continuations]
         max_len = self.model.cfg.max_seq_len
-        rows, spans = [], []
+        contexts, scored = [], []
         for cont in conts:
             seq = (ctx + cont)[-max_len:]
-            rows.append(seq)
-            spans.append((len(seq) - len(cont), len(seq)))  # positions of the continuation in seq
-        width = max(map(len, rows))
-        device = next(self.model.parameters()).device
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, seq in enumerate(rows):
-            ids[r, :len(seq)] = torch.tensor(seq)
+            start = max(len(seq) - len(cont), 1)  # the first token has nothing before it to predict it
+            contexts.append(seq[:start])
+            scored.append(seq[start:])
         was_training = self.model.training
         self.model.eval()
         try:
-            logprobs = F.log_softmax(self.model(ids.to(device)).float(), dim=-1).cpu()
+            scores = score_continuations(self.model, contexts, scored, 0, next(self.model.parameters()).device)
         finally:
             self.model.train(was_training)
-        scores = []
-        for r, (start, end) in enumerate(spans):
-            targets = ids[r, max(start, 1):end]
-            lp = logprobs[r, max(start, 1) - 1:end - 1].gather(-1, targets[:, None]).squeeze(-1)
-            scores.append(float(lp.mean() if self.reduction == "mean" else lp.sum()))
-        return scores
+        return [s.mean_logprob if self.reduction == "mean" else s.sum_logprob for s in scores]

@@ -52,6 +52,7 @@ def _padded(rows: Sequence[Sequence[int]], pad_id: int, device: torch.device | s
 class ContinuationScore:
     mean_logprob: float  # per continuation token: Foundry ranks choices by this (lowest perplexity)
     greedy_match: bool   # every continuation token is the model's argmax there (LAMBADA-style accuracy)
+    sum_logprob: float = float("-inf")  # the continuation's whole log-likelihood (`tessera llm eval --task`)
 
 
 @torch.no_grad()
@@ -70,7 +71,8 @@ def score_continuations(logits: LogitsFn, contexts: Sequence[Sequence[int]],
         predicted = out[r, start - 1:end - 1].float()  # position t predicts token t + 1
         target = torch.tensor(list(continuation), dtype=torch.long, device=predicted.device)
         logprob = F.log_softmax(predicted, dim=-1).gather(-1, target[:, None]).squeeze(-1)
-        scores.append(ContinuationScore(float(logprob.mean()), bool((predicted.argmax(-1) == target).all())))
+        scores.append(ContinuationScore(float(logprob.mean()), bool((predicted.argmax(-1) == target).all()),
+                                        float(logprob.sum())))
     return scores
 
 
