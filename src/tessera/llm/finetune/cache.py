@@ -25,6 +25,7 @@ from tessera.llm.finetune.prep import prep_examples, read_summary
 from tessera.shards.inputs import is_url, list_input
 from tessera.storage import open_store
 from tessera.storage.url import split_url
+from tessera.stream.cache import flocked
 
 CACHE_VERSION = 1  # bump when the rows written for the same input and options change
 READ_BLOCK = 4 << 20
@@ -69,8 +70,7 @@ def prepared(path: str, tokenizer: Any, *, seq_len: int, fmt: str = "auto", loss
     root.mkdir(parents=True, exist_ok=True)
     key = cache_key(path, tok, options)
     folder = root / key
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with flocked(root / f"{key}.lock", fcntl.LOCK_EX):
         if not folder.is_dir():
             for stale in root.glob(f"{key}.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
