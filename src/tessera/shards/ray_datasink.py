@@ -22,8 +22,7 @@ from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
 from tessera.shards.dataset import open_dataset_store
-from tessera.shards.ray_engine import check_target, commit_parts, part_name
-from tessera.shards.writer import ShardWriter
+from tessera.shards.ray_engine import check_target, commit_parts, part_name, write_rows_to_part
 
 try:  # where Ray keeps them moves between versions
     from ray.data._internal.execution.interfaces import TaskContext
@@ -62,15 +61,10 @@ class MDSDatasink(Datasink):
         check_target(open_dataset_store(self.url), self.mode)
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> dict[str, Any]:
-        name = part_name(ctx.task_idx)
-        store = open_dataset_store(self.url).child(name)
-        with ShardWriter(store, self.columns, compression=self.compression, hashes=self.hashes,
-                         size_limit=self.size_limit, mode="overwrite") as writer:
-            for block in blocks:
-                for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True):
-                    writer.write(dict(row))
-            samples = writer.samples_written
-        return {"part": name, "samples": samples}
+        rows = (dict(row) for block in blocks for row in BlockAccessor.for_block(block).iter_rows(public_row_format=True))
+        samples = write_rows_to_part(self.url, ctx.task_idx, self.columns, rows, compression=self.compression,
+                                     hashes=self.hashes, size_limit=self.size_limit)
+        return {"part": part_name(ctx.task_idx), "samples": samples}
 
     def on_write_complete(self, write_result: WriteResult) -> None:
         returns = getattr(write_result, "write_returns", write_result)

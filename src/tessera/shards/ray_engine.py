@@ -95,6 +95,17 @@ def write_part(job: PartJob) -> PartResult:
     return PartResult(job.index, sum(e.samples for e in entries), len(entries))
 
 
+def write_rows_to_part(out: str, index: int, columns: Mapping[str, str], rows: Iterable[Mapping[str, Any]],
+                       **options: Any) -> int:
+    """Write `rows` as part `index` of `out` (its own folder, `overwrite` mode, its index.json committed
+    last) with `ShardWriter` `options`; returns the samples written. For Ray Data's and Spark's writers."""
+    store = open_dataset_store(out).child(part_name(index))
+    with ShardWriter(store, dict(columns), mode="overwrite", **options) as writer:
+        for row in rows:
+            writer.write(row)
+        return writer.samples_written
+
+
 def committed_part(store: Store, name: str, columns: Mapping[str, str]) -> DatasetIndex | None:
     """A part's committed index when it holds exactly `columns` (a resume keeps it), else None."""
     part = store.child(name)

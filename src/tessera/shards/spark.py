@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 
 from tessera.shards.dataset import open_dataset_store
-from tessera.shards.ray_engine import check_target, commit_parts, part_name
-from tessera.shards.writer import ShardWriter
+from tessera.shards.ray_engine import check_target, commit_parts, part_name, write_rows_to_part
 
 logger = logging.getLogger(__name__)
 
@@ -110,12 +109,8 @@ def _partition_writer(url: str, columns: dict[str, str], options: dict[str, Any]
             records = udf(pd.DataFrame([dict(r) for r in records]), **udf_kwargs)
             if not isinstance(records, Iterable):
                 raise TypeError(f"udf_iterable must return an iterable, not a {type(records).__name__}")
-        store = open_dataset_store(url).child(part_name(partition))
-        with ShardWriter(store, columns, mode="overwrite", **options) as writer:
-            for record in records:
-                writer.write(_as_sample(record, columns))
-            count = writer.samples_written
-        yield partition, count
+        yield partition, write_rows_to_part(url, partition, columns, (_as_sample(r, columns) for r in records),
+                                            **options)
 
     return write
 
