@@ -173,12 +173,6 @@ def _microbatch(value: Any) -> Any:
     return value
 
 
-def _parallelism(value: Any) -> Any:
-    if isinstance(value, str) and value not in ("ddp", "fsdp", "none"):
-        raise ValueError(f"unknown parallelism {value!r}; use 'ddp', 'fsdp', None or a parallelism section")
-    return value
-
-
 def _loggers(value: Any) -> list[Any]:
     value = ["progress"] if value is None else [value] if isinstance(value, (str, Logger)) else value
     if not isinstance(value, (list, tuple)):
@@ -268,7 +262,7 @@ class TrainerConfig(BaseModel):
     log_interval: Interval = Field("1ba", description="How often to log the training metrics.")
     device: Annotated[str | None, BeforeValidator(_device)] = Field(
         None, description="A torch device (cpu, cuda, cuda:1); None: the rank's GPU, else the CPU.")
-    parallelism: Annotated[ParallelismConfig, BeforeValidator(_parallelism)] = Field(
+    parallelism: ParallelismConfig = Field(
         default_factory=ParallelismConfig, description="How the model is spread over ranks: ddp, fsdp, None "
         "(shorthands), or a section (train/parallel/config.py): fsdp sharding and dtypes, tensor_parallel, "
         "activation_checkpointing, compile, float8.")

@@ -95,6 +95,8 @@ class ParallelismConfig(Section):
     @classmethod
     def _shorthands(cls, value: Any) -> Any:
         """`ddp`, `fsdp`, `none` or null name the data-parallel mode alone; an fsdp section implies fsdp."""
+        if isinstance(value, str) and value not in ("ddp", "fsdp", "none"):
+            raise ValueError(f"unknown parallelism {value!r}; use 'ddp', 'fsdp', None or a parallelism section")
         if value is None or isinstance(value, str):
             return {"data_parallel": value or "none"}
         if isinstance(value, dict):
