@@ -19,13 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tessera.platform.clusters.local import free_port
+
 READY_TIMEOUT = 90.0
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def ray_binary() -> str:
@@ -111,7 +107,7 @@ def _wait_for_nodes(address: str, env: dict[str, str], count: int, nodes: list[s
 
 def start_cluster(extra_env: dict[str, str] | None = None) -> RayCluster:
     """Start the head and one worker node; returns once both are alive."""
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     temp_dir = tempfile.mkdtemp(prefix="tray-", dir="/tmp")  # short: Ray's socket paths live below it
     env = cluster_env(extra_env)
