@@ -86,3 +86,9 @@ def test_resume_and_export_refuse_a_changed_base(tmp_path: Path) -> None:
     # The checkpoints after the override record the base they now continue from: export accepts it.
     exported = tessera("llm", "export", str(save), str(tmp_path / "out2"), "--format", "hf", cwd=tmp_path, env=env)
     assert exported.returncode == 0, exported.stderr[-3000:]
+
+
+def test_a_cache_folder_that_cannot_be_written_is_passed_over(tmp_path: Path) -> None:
+    base = tiny_llama(tmp_path / "base", seed=0)
+    (tmp_path / "not-a-folder").write_text("")
+    assert folder_fingerprint(base, tmp_path / "not-a-folder") == folder_fingerprint(base)

@@ -70,29 +70,39 @@ def folder_fingerprint(folder: str | os.PathLike[str], cache_dir: str | os.PathL
                        ) -> dict[str, Any]:
     """{"digest": one hash over every file's name and hash, "files": {name: hash}} of a local model folder.
     With `cache_dir`, the hashes of files unchanged since the last call (same inode, size, mtime, ctime)
-    are read from a record there, and the local ranks of a node hash one at a time (the first does it)."""
+    are read from a record there, and the local ranks of a node hash one at a time (the first does it);
+    a cache folder that cannot be written is passed over (every file is hashed)."""
     folder = Path(folder)
-    if cache_dir is None:
+    records = Path(cache_dir).expanduser() / ".fingerprints" if cache_dir is not None else None
+    if records is not None:
+        try:
+            records.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            records = None
+    if records is None or not os.access(records, os.W_OK):
         files = {p.name: file_digest(p) for p in fingerprinted_files(folder)}
     else:
-        record = (Path(cache_dir).expanduser() / ".fingerprints" /
-                  f"{hashlib.sha256(os.fsencode(folder.resolve())).hexdigest()[:16]}.json")
-        with flocked(record.with_suffix(".lock"), fcntl.LOCK_EX):
-            try:
-                known = json.loads(record.read_text())
-            except (OSError, ValueError):
-                known = {}
-            entries = {}
-            for p in fingerprinted_files(folder):
-                key, (seen_key, seen) = _stat_key(p), known.get(p.name) or (None, None)
-                entries[p.name] = (key, seen if seen_key == key else file_digest(p))
-            if entries != {name: tuple(entry) for name, entry in known.items()}:
-                write_atomic(record, json.dumps(entries).encode())
-        files = {name: digest for name, (_, digest) in entries.items()}
+        files = _recorded_digests(folder, records / f"{hashlib.sha256(os.fsencode(folder.resolve())).hexdigest()[:16]}.json")
     overall = xxhash.xxh3_128()
     for name, digest in files.items():
         overall.update(f"{name}\t{digest}\n".encode())
     return {"digest": overall.hexdigest(), "files": files}
+
+
+def _recorded_digests(folder: Path, record: Path) -> dict[str, str]:
+    """{name: hash} of the folder's files, hashing only those whose stat key differs from the record's."""
+    with flocked(record.with_suffix(".lock"), fcntl.LOCK_EX):
+        try:
+            known = json.loads(record.read_text())
+        except (OSError, ValueError):
+            known = {}
+        entries = {}
+        for p in fingerprinted_files(folder):
+            key, (seen_key, seen) = _stat_key(p), known.get(p.name) or (None, None)
+            entries[p.name] = (key, seen if seen_key == key else file_digest(p))
+        if entries != {name: tuple(entry) for name, entry in known.items()}:
+            write_atomic(record, json.dumps(entries).encode())
+    return {name: digest for name, (_, digest) in entries.items()}
 
 
 def fingerprint_folder_of(spec: PretrainedSpec) -> Path | None:
