@@ -15,8 +15,9 @@ Names load on first use, so data prep workers do not pay for importing torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tessera.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time __getattr__ loads them
     from tessera.llm.eval import ModelScorer, evaluate_multiple_choice, load_mc_task, mds_batches, perplexity
@@ -34,17 +35,15 @@ if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time 
     )
     from tessera.llm.train_run import train
 
-_MODULES = {
-    "tessera.llm.eval": ["ModelScorer", "evaluate_multiple_choice", "load_mc_task", "mds_batches", "perplexity"],
-    "tessera.llm.export": ["ExportError", "load_model", "load_pretrained", "save_pretrained"],
-    "tessera.llm.generate": ["complete"],
-    "tessera.llm.model": ["GPT", "GPTConfig"],
-    "tessera.llm.recipe": ["Recipe", "RecipeError", "load_recipe", "shipped_recipes"],
-    "tessera.llm.tokenizer": ["BPETokenizer", "ByteTokenizer", "Tokenizer", "TokenizerError", "load_tokenizer",
-                              "train_bpe"],
-    "tessera.llm.train_run": ["train"],
-}
-_HOME = {name: module for module, names in _MODULES.items() for name in names}
+__getattr__ = lazy_exports(__name__, {
+    "eval": ["ModelScorer", "evaluate_multiple_choice", "load_mc_task", "mds_batches", "perplexity"],
+    "export": ["ExportError", "load_model", "load_pretrained", "save_pretrained"],
+    "generate": ["complete"],
+    "model": ["GPT", "GPTConfig"],
+    "recipe": ["Recipe", "RecipeError", "load_recipe", "shipped_recipes"],
+    "tokenizer": ["BPETokenizer", "ByteTokenizer", "Tokenizer", "TokenizerError", "load_tokenizer", "train_bpe"],
+    "train_run": ["train"],
+})
 
 __all__ = [
     "BPETokenizer", "ByteTokenizer", "ExportError", "GPT", "GPTConfig", "ModelScorer", "Recipe", "RecipeError",
@@ -53,8 +52,3 @@ __all__ = [
     "shipped_recipes", "train", "train_bpe",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'tessera.llm' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)

@@ -17,8 +17,7 @@ Byte-compatible with MosaicML Streaming's MDS format both ways. Main entry point
 - Errors derive from `ShardError`; malformed files raise a `ShardFormatError` naming the file.
 """
 
-from typing import Any
-
+from tessera.lazy_exports import lazy_exports
 from tessera.shards.dataset import MDSDataset, read_index
 from tessera.shards.errors import (
     ColumnMismatch,
@@ -55,10 +54,4 @@ __all__ = [
     "UnsafeEncoding", "WriterError", "XSVWriter", "merge_index", "read_index", "repair_index", "verify_dataset",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name == "MDSDatasink":  # needs Ray (the `ray` extra): imported only when asked for
-        from tessera.shards.ray_datasink import MDSDatasink
-
-        return MDSDatasink
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_exports(__name__, {"ray_datasink": ["MDSDatasink"]})  # needs Ray (the `ray` extra)

@@ -14,8 +14,9 @@ Names load on first use, so `tessera.train.time` and `tessera.train.schedule` st
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tessera.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time __getattr__ loads them
     from tessera.train.callbacks import Callback
@@ -33,21 +34,18 @@ if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time 
     from tessera.train.time import Time, Timestamp, TimeUnit
     from tessera.train.trainer import Trainer, seed_all
 
-_EXPORTS = {
-    "Trainer": "tessera.train.trainer", "seed_all": "tessera.train.trainer",
-    "TrainerConfig": "tessera.train.config",
-    "Callback": "tessera.train.callbacks",
-    "Time": "tessera.train.time", "Timestamp": "tessera.train.time", "TimeUnit": "tessera.train.time",
-    "CosineWithWarmup": "tessera.train.schedule", "ConstantWithWarmup": "tessera.train.schedule",
-    "LinearWithWarmup": "tessera.train.schedule",
-    "CheckpointManager": "tessera.train.checkpoint", "CheckpointError": "tessera.train.checkpoint",
-    "CheckpointCorrupt": "tessera.train.checkpoint", "CheckpointNotFound": "tessera.train.checkpoint",
-    "CheckpointWarning": "tessera.train.checkpoint",
-    "Logger": "tessera.train.loggers", "ProgressLogger": "tessera.train.loggers",
-    "JSONLLogger": "tessera.train.loggers", "TensorBoardLogger": "tessera.train.loggers",
-    "SimulatedOutOfMemory": "tessera.train.microbatch",
-}
-# A literal list (not sorted(_EXPORTS)) so tools that read the source without running it see the names.
+__getattr__ = lazy_exports(__name__, {
+    "trainer": ["Trainer", "seed_all"],
+    "config": ["TrainerConfig"],
+    "callbacks": ["Callback"],
+    "time": ["Time", "Timestamp", "TimeUnit"],
+    "schedule": ["CosineWithWarmup", "ConstantWithWarmup", "LinearWithWarmup"],
+    "checkpoint": ["CheckpointManager", "CheckpointError", "CheckpointCorrupt", "CheckpointNotFound",
+                   "CheckpointWarning"],
+    "loggers": ["Logger", "ProgressLogger", "JSONLLogger", "TensorBoardLogger"],
+    "microbatch": ["SimulatedOutOfMemory"],
+})
+# A literal list (not made from the table) so tools that read the source without running it see the names.
 __all__ = [
     "Callback", "CheckpointCorrupt", "CheckpointError", "CheckpointManager", "CheckpointNotFound",
     "CheckpointWarning", "ConstantWithWarmup", "CosineWithWarmup", "JSONLLogger", "LinearWithWarmup", "Logger",
@@ -55,8 +53,3 @@ __all__ = [
     "TrainerConfig", "seed_all",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'tessera.train' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -16,8 +16,9 @@ Names load on first use, so prep's worker processes do not pay for importing tor
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from tessera.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time __getattr__ loads them
     from tessera.llm.finetune.batch import ExampleBatch, padding_share
@@ -28,7 +29,7 @@ if TYPE_CHECKING:  # what type checkers and the reference docs see; at run time 
     from tessera.llm.finetune.packing import RowBuilder
     from tessera.llm.finetune.prep import ExamplePrepSummary, prep_examples
 
-_MODULES = {
+__getattr__ = lazy_exports(__name__, {
     "batch": ["ExampleBatch", "padding_share"],
     "cache": ["prepared"],
     "chat": ["DEFAULT_CHAT_TEMPLATE", "ExampleTokenizer", "load_example_tokenizer"],
@@ -36,15 +37,9 @@ _MODULES = {
     "examples": ["Encoded", "ExampleError", "encode_record", "fit"],
     "packing": ["RowBuilder"],
     "prep": ["ExamplePrepSummary", "prep_examples"],
-}
-_HOME = {name: f"tessera.llm.finetune.{module}" for module, names in _MODULES.items() for name in names}
+})
 
 __all__ = ["DEFAULT_CHAT_TEMPLATE", "Encoded", "ExampleBatch", "ExampleError", "ExamplePrepSummary",
            "ExampleSource", "ExampleTokenizer", "RowBuilder", "encode_record", "fit", "load_example_tokenizer",
            "padding_share", "prep_examples", "prepared"]
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'tessera.llm.finetune' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOME[name]), name)

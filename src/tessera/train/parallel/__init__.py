@@ -21,8 +21,7 @@ package imports no torch (the config and plan are checked before torch loads); t
 
 from __future__ import annotations
 
-from typing import Any
-
+from tessera.lazy_exports import lazy_exports
 from tessera.train.parallel.config import (
     ActivationCheckpointConfig,
     FSDPConfig,
@@ -36,13 +35,6 @@ __all__ = ["ActivationCheckpointConfig", "FSDPConfig", "ParallelPlan", "Parallel
            "TensorParallelConfig", "clip_grad_norm_", "fsdp_units", "parallelize", "parse_parallelism",
            "resolve_plan", "total_grad_norm"]
 
-_LAZY = {"parallelize": "apply", "fsdp_units": "fsdp", "clip_grad_norm_": "grad_norm", "total_grad_norm": "grad_norm"}
-
-
-def __getattr__(name: str) -> Any:
-    """The torch-side functions, imported on first use."""
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# The torch-side functions, imported on first use.
+__getattr__ = lazy_exports(__name__, {"apply": ["parallelize"], "fsdp": ["fsdp_units"],
+                                      "grad_norm": ["clip_grad_norm_", "total_grad_norm"]})
