@@ -28,7 +28,7 @@ import sys
 from typing import Any
 
 import torch
-from trainer_overhead import ListLoader, StepClock, make_batches, step_median
+from trainer_overhead import ListLoader, StepClock, add_size_args, make_batches, step_median
 
 from tessera.llm.model import GPT, GPTConfig
 from tessera.train import Trainer
@@ -102,14 +102,7 @@ def _median(found: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--warmup", type=int, default=8)
-    ap.add_argument("--d-model", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--threads", type=int, default=1)
+    add_size_args(ap, steps=30, warmup=8, d_model=256, layers=4, seq=256, batch=8, vocab=8192)
     ap.add_argument("--repeats", type=int, default=2, help="interleaved runs of the four configurations")
     ap.add_argument("--precision", default="fp32")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

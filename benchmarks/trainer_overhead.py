@@ -167,17 +167,20 @@ def composer_runner(path: str | None) -> tuple[Any, str]:
     return run, ""
 
 
+def add_size_args(ap: argparse.ArgumentParser, *, steps: int, warmup: int, d_model: int, layers: int, seq: int,
+                  batch: int, vocab: int) -> None:
+    """The run's size options with these defaults: steps, warm-up steps, the GPT's shape, the batch and the
+    torch threads (compile_ac.py takes the same)."""
+    for flag, default in (("--steps", steps), ("--warmup", warmup), ("--d-model", d_model), ("--layers", layers),
+                          ("--seq", seq), ("--batch", batch), ("--vocab", vocab)):
+        ap.add_argument(flag, type=int, default=default)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for every loop")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--warmup", type=int, default=20)
+    add_size_args(ap, steps=300, warmup=20, d_model=64, layers=2, seq=64, batch=4, vocab=256)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--d-model", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads, the same for every loop")
     ap.add_argument("--intervals", default="1,10", help="log intervals to run")
     ap.add_argument("--models", default="scalar,gpt", help="scalar, gpt or both")
     ap.add_argument("--composer-path", default=None,
