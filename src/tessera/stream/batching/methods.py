@@ -24,13 +24,10 @@ from tessera.stream.batching.stream_batches import (
 )
 
 BATCHING_METHODS = ("random", "stratified", "per_stream", "device_per_stream")
-UNSUPPORTED_BATCHING: tuple[str, ...] = ()
 
 
 def check_batching_method(method: str) -> str:
     """`method`, if it is one of `BATCHING_METHODS` (else ValueError naming them)."""
-    if method in UNSUPPORTED_BATCHING:
-        raise NotImplementedError(f"batching_method={method!r} is not supported (docs/streaming.md)")
     if method not in BATCHING_METHODS:
         raise ValueError(f"unknown batching_method {method!r}; use one of {BATCHING_METHODS}")
     return method
