@@ -25,6 +25,7 @@ Guarantees, and why:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -196,12 +197,8 @@ def ordered_map_on_ray(fn: Callable[[Any], Any], items: list[Any], workers: int,
     globally): the output is then the same as with local processes. A task whose worker dies is retried."""
     with ray_session(address, workers) as ray:
         task = ray.remote(num_cpus=1, max_retries=TASK_RETRIES)(fn)
-        pending: list[Any] = []
         following = iter(items)
-        for item in following:
-            pending.append(task.remote(item))
-            if len(pending) >= 2 * workers:
-                break
+        pending = [task.remote(item) for item in itertools.islice(following, 2 * workers)]
         while pending:
             try:
                 result = ray.get(pending.pop(0))
@@ -209,9 +206,7 @@ def ordered_map_on_ray(fn: Callable[[Any], Any], items: list[Any], workers: int,
                 for ref in pending:
                     ray.cancel(ref)
                 raise _ray_error(exc) from None
-            for item in following:
-                pending.append(task.remote(item))
-                break
+            pending.extend(task.remote(item) for item in itertools.islice(following, 1))
             yield result
 
 
