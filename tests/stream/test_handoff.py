@@ -230,3 +230,22 @@ def test_workers_keep_a_subclass_transform(tmp_path: Path, batch_path: bool) -> 
     got = list(tagged)
     assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in plain]
     assert all(b["tag"].tolist() == [1] * 8 for b in got)
+
+
+def test_columns_chosen_from_the_loaded_indexes_are_the_ones_read(tmp_path: Path) -> None:
+    """A function given as `columns` sees the loaded streams (their index.json read once) and picks what
+    the readers decode: the same batches as naming those columns outright."""
+    helpers.write_elastic(tmp_path / "ds", range(48))
+    seen: list[list[str]] = []
+
+    def pick(streams) -> list[str]:
+        seen.append(sorted(streams[0].entries[0].column_names))
+        return ["id"]
+
+    chosen = StreamingDataset(local=str(tmp_path / "ds"), batch_size=8, columns=pick)
+    named = StreamingDataset(local=str(tmp_path / "ds"), batch_size=8, columns=["id"])
+    assert seen == [sorted(named.streams[0].entries[0].column_names)] and "x" in seen[0]
+    assert chosen.columns == ["id"]
+    got, want = list(chosen.iter_batches()), list(named.iter_batches())
+    assert [set(b) for b in got] == [{"id"}] * len(want)
+    assert [b["id"].tolist() for b in got] == [b["id"].tolist() for b in want]

@@ -59,14 +59,18 @@ def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int, tokenizer: Any
             raise RecipeError(f"{section}.path: fine-tuning examples are not yet read the same by the ranks of a "
                               "tensor-parallel group; use parallelism.tensor_parallel.degree=1")
         return example_loader(spec, batch_size, seq_len, tokenizer, section)
-    ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
-                          columns=["tokens"], replication=replication, **spec.dataset_options())
     # Tessera's fixed windows stack as they are; LLM Foundry's ndarray:int32 / bytes tokens need a collate;
-    # fine-tuning rows prepared into a bucket yield the batch `path` gives (labels, positions or mask).
-    collate = stream_collate(ds.streams, seq_len, spec.token_encoding_type, section)
-    if isinstance(collate, ExampleBatch):  # opened again to read the columns the index says they have
-        ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
-                              columns=collate.columns, replication=replication, **spec.dataset_options())
+    # fine-tuning rows prepared into a bucket yield the batch `path` gives (labels, positions or mask), so
+    # the columns read follow the collate the streams' indexes call for.
+    collates: list[Any] = []
+
+    def columns(streams: list[Any]) -> list[str]:
+        collates.append(stream_collate(streams, seq_len, spec.token_encoding_type, section))
+        return collates[0].columns if isinstance(collates[0], ExampleBatch) else ["tokens"]
+
+    ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
+                          columns=columns, replication=replication, **spec.dataset_options())
+    collate = collates[0]
     loader = StreamingDataLoader(ds, batch_size=batch_size, batch_path=True, num_workers=spec.num_workers,
                                  collate_fn=collate)
     if isinstance(collate, ExampleBatch):

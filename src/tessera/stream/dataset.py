@@ -81,7 +81,8 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                  num_canonical_nodes: int | None = None, batch_size: int | None = None, shuffle: bool = False,
                  shuffle_algo: str = "py1e", shuffle_seed: int = 9176, shuffle_block_size: int | None = None,
                  batching_method: str = "random", allow_unsafe_types: bool = False,
-                 replication: int | None = None, columns: Sequence[str] | None = None,
+                 replication: int | None = None,
+                 columns: Sequence[str] | Callable[[list[LoadedStream]], Sequence[str] | None] | None = None,
                  ranged_reads: bool = True, stream_name: str = "stream",
                  stream_config: dict[str, Any] | None = None,
                  transform: Callable[[dict[str, Any]], Any] | None = None) -> None:
@@ -105,7 +106,6 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self.batch_size = int(batch_size or 1)
         self.replication = int(replication or 1)
         self.predownload = predownload
-        self.columns = list(columns) if columns else None
         self.allow_unsafe_types = allow_unsafe_types
         self.cache_limit = parse_size(cache_limit) if cache_limit is not None else None
         world = World.from_env()
@@ -121,6 +121,10 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         for st in self.streams:
             st.granularity = self.sampling_granularity
         check_cache_limit(self.cache_limit, self.streams)
+        # The columns to decode; a function chooses them from the loaded streams' indexes (what a caller
+        # can only know once index.json is read, without reading it a second time).
+        chosen = columns(self.streams) if callable(columns) else columns
+        self.columns = list(chosen) if chosen else None
         check_unsafe_columns(self.streams, self.columns, allow_unsafe_types)
         self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
         self.stage_times = StageTimes()
