@@ -18,7 +18,7 @@ $(BIN)/python:
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	@# The CPU torch wheel first, so nothing later resolves a CUDA build.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,docs,bench,ray,spark]"
+	$(BIN)/pip install -q -e ".[dev,docs,bench,ray,spark,trackers,postgres,browser]"
 	$(BIN)/pip install -q $(ANCHOR_NEEDS)
 	$(BIN)/pip install -q --no-deps $(ANCHORS)
 	touch $@
