@@ -15,19 +15,25 @@ from tessera.platform.errors import (
 from tessera.platform.sdk import (
     Platform,
     Run,
+    clone_run,
+    count_runs,
     create_run,
+    delete_run,
     follow_logs,
     get_run,
     list_runs,
     move_run,
     restart_run,
+    run_metrics,
     stop_run,
+    update_run,
     wait_for_run_status,
 )
 from tessera.platform.spec import RunSpec, load_spec, parse_spec
 
 __all__ = [
     "ClusterError", "Platform", "PlatformError", "Run", "RunFailed", "RunNotFound", "RunSpec", "RunStateError",
-    "SecretError", "SpecError", "create_run", "follow_logs", "get_run", "list_runs", "load_spec", "move_run",
-    "parse_spec", "restart_run", "stop_run", "wait_for_run_status",
+    "SecretError", "SpecError", "clone_run", "count_runs", "create_run", "delete_run", "follow_logs", "get_run",
+    "list_runs", "load_spec", "move_run", "parse_spec", "restart_run", "run_metrics", "stop_run", "update_run",
+    "wait_for_run_status",
 ]

@@ -27,6 +27,14 @@ def read_heartbeat(path: Path) -> dict[str, Any] | None:
 
 def read_events(path: Path, offset: int, limit: int = 1 << 20) -> tuple[list[dict[str, Any]], int]:
     """Complete event lines after byte `offset`, and the offset after the last complete line."""
+    return read_json_lines(path, offset, limit)
+
+
+def read_json_lines(path: Path, offset: int, limit: int = 1 << 20) -> tuple[list[dict[str, Any]], int]:
+    """The JSON objects of the complete lines after byte `offset` (reading at most `limit` bytes), and the
+    offset after the last complete line: a line still being written is read on the next call. Lines that
+    are not JSON objects are skipped, and so is a line longer than `limit`, which would otherwise stop
+    every later line from being read."""
     try:
         with open(path, "rb") as f:
             f.seek(offset)
@@ -35,7 +43,7 @@ def read_events(path: Path, offset: int, limit: int = 1 << 20) -> tuple[list[dic
         return [], offset
     end = chunk.rfind(b"\n")
     if end < 0:
-        return [], offset
+        return [], offset + (len(chunk) if len(chunk) >= limit else 0)
     events = []
     for line in chunk[:end].splitlines():
         try:

@@ -1,14 +1,15 @@
 """What the SDK returns about a run (`Platform.get_run`, `run describe`): `Run`, its `Resumption`s and
 `Event`s. Plain dataclasses, made from the database rows of state.py, with the names users read
-(`index`, `last_heartbeat`) rather than the columns' (`idx`, `last_beat`)."""
+(`index`, `last_heartbeat`) rather than the columns' (`idx`, `last_beat`). `Run.to_dict()` is also the
+wire format of the server's API, and `Run.from_dict()` rebuilds the same Run from it on the client."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from tessera.platform.spec import RunSpec
-from tessera.platform.state import TERMINAL, EventRecord, ResumptionRecord
+from tessera.platform.state import TERMINAL, EventRecord, ResumptionRecord, RunRecord
 
 
 @dataclass
@@ -63,6 +64,22 @@ class Run:
     request: str | None = None
     resumptions: list[Resumption] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    user: str | None = None
+
+    @classmethod
+    def from_record(cls, r: RunRecord, resumptions: list[ResumptionRecord], events: list[EventRecord]) -> Run:
+        return cls(r.id, r.name, r.status, r.cluster, RunSpec.model_validate(r.spec), r.created, r.updated,
+                   r.ended, r.folder, r.first_error, r.failure_kind, r.retries_used, r.request,
+                   [Resumption.from_record(x) for x in resumptions], [Event.from_record(e) for e in events],
+                   r.user)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Run:
+        """The Run that `to_dict()` described (keys it does not know, e.g. from a newer server, are ignored)."""
+        known = {f.name for f in fields(cls)} - {"spec", "resumptions", "events"}
+        return cls(**{k: v for k, v in d.items() if k in known}, spec=RunSpec.model_validate(d["spec"]),
+                   resumptions=[_build(Resumption, r) for r in d.get("resumptions") or []],
+                   events=[_build(Event, e) for e in d.get("events") or []])
 
     @property
     def done(self) -> bool:
@@ -71,9 +88,14 @@ class Run:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (the spec names secrets; values are never here)."""
         return {"id": self.id, "name": self.name, "status": self.status, "cluster": self.cluster,
-                "created": self.created, "updated": self.updated, "ended": self.ended, "folder": self.folder,
+                "user": self.user, "created": self.created, "updated": self.updated, "ended": self.ended, "folder": self.folder,
                 "first_error": self.first_error, "failure_kind": self.failure_kind,
                 "retries_used": self.retries_used, "request": self.request,
                 "spec": self.spec.model_dump(mode="json"),
-                "resumptions": [r.__dict__ for r in self.resumptions],
-                "events": [e.__dict__ for e in self.events]}
+                "resumptions": [asdict(r) for r in self.resumptions],
+                "events": [asdict(e) for e in self.events]}
+
+
+def _build(cls: type[Any], d: dict[str, Any]) -> Any:
+    """A dataclass from a dict, ignoring keys it does not have."""
+    return cls(**{f.name: d.get(f.name) for f in fields(cls)})

@@ -7,7 +7,8 @@
         print(line)
 
 Every function takes `home=` (default: $TESSERA_HOME or ~/.tessera). Actions that need watching (create,
-stop, move, restart) start the supervisor if it is not running; it keeps going after this process exits.
+stop, move, restart, delete) start the supervisor if it is not running; it keeps going after this process
+exits. The server's remote client (`RemotePlatform`) has the same methods, with the same returns.
 """
 
 from __future__ import annotations
@@ -23,14 +24,23 @@ import yaml
 
 from tessera.platform import logs
 from tessera.platform.clusters import CLUSTER_TYPES, LOCAL, ClusterBackend, NodeInfo, make_backend
-from tessera.platform.errors import ClusterError, RunFailed, RunNotFound, RunStateError, SpecError
+from tessera.platform.errors import (
+    ClusterError,
+    PlatformError,
+    RunFailed,
+    RunNotFound,
+    RunStateError,
+    SpecError,
+)
 from tessera.platform.home import tessera_home
-from tessera.platform.run_info import Event, Resumption, Run
+from tessera.platform.metrics import read_metrics
+from tessera.platform.run_edits import cloned_spec, updated_scheduling
+from tessera.platform.run_info import Resumption, Run
+from tessera.platform.sdk_inputs import as_spec, os_user, run_statuses
 from tessera.platform.secrets import SecretStore
-from tessera.platform.spec import RunSpec, load_spec, parse_spec, validate_name, validate_spec
+from tessera.platform.spec import RunSpec, validate_name
 from tessera.platform.state import (
     ACTIVE,
-    ALL_STATUSES,
     PENDING,
     TERMINAL,
     RunRecord,
@@ -41,6 +51,7 @@ from tessera.platform.supervisor import ensure_supervisor
 from tessera.platform.supervisor_context import cluster_backend
 
 _ORDER = {status: i for i, status in enumerate(("PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"))}
+STOP_MARGIN = 30.0   # seconds beyond a run's stop_grace that delete_run waits for it to stop
 
 
 class Platform:
@@ -109,9 +120,10 @@ class Platform:
     # --- runs -------------------------------------------------------------------------------------
 
     def create_run(self, spec: RunSpec | dict[str, Any] | str | Path, *, cluster: str | None = None,
-                   workdir: str | Path | None = None, supervise: bool = True) -> Run:
-        """Validate and submit a run; the supervisor starts it."""
-        spec = _as_spec(spec)
+                   workdir: str | Path | None = None, supervise: bool = True, user: str | None = None) -> Run:
+        """Validate and submit a run; the supervisor starts it. `user` is who submitted it (the server
+        passes its API user); the OS user by default."""
+        spec = as_spec(spec)
         cluster = cluster or spec.compute.cluster or LOCAL
         spec = spec.model_copy(update={"compute": spec.compute.model_copy(update={"cluster": cluster})})
         backend = self.backend(cluster)
@@ -134,7 +146,7 @@ class Platform:
         now = time.time()
         record = RunRecord(new_run_id(), spec.name, spec.model_dump(mode="json"), PENDING, cluster, now, now,
                            str(folder), workdir=str(Path(workdir or Path.cwd()).resolve()),
-                           next_cause="submitted")
+                           next_cause="submitted", user=user or os_user())
         self.db.insert_run(record)
         self.db.add_event(record.id, "created", f"run created for cluster {cluster}")
         if supervise:
@@ -149,22 +161,31 @@ class Platform:
 
     def get_run(self, name: str) -> Run:
         r = self._record(name)
-        return Run(r.id, r.name, r.status, r.cluster, RunSpec.model_validate(r.spec), r.created, r.updated,
-                   r.ended, r.folder, r.first_error, r.failure_kind, r.retries_used, r.request,
-                   [Resumption.from_record(x) for x in self.db.resumptions(r.id)],
-                   [Event.from_record(e) for e in self.db.events(r.id)])
+        return Run.from_record(r, self.db.resumptions(r.id), self.db.events(r.id))
 
     def list_runs(self, status: str | Iterable[str] | None = None, cluster: str | None = None,
-                  limit: int | None = None) -> list[Run]:
-        statuses = _statuses(status)
-        return [self.get_run(r.id) for r in self.db.list_runs(statuses, cluster=cluster, limit=limit)]
+                  limit: int | None = None, *, user: str | None = None, offset: int = 0,
+                  q: str | None = None) -> list[Run]:
+        """Runs newest first, filtered by status, cluster, user and `q` (part of the name); a page of
+        `limit` after `offset`. Resumptions and events come in two queries for the whole page."""
+        if offset < 0 or (limit is not None and limit < 0):
+            raise ValueError(f"limit and offset must be >= 0 (got limit={limit}, offset={offset})")
+        records = self.db.list_runs(run_statuses(status), cluster, limit, user=user, offset=offset, q=q)
+        ids = [r.id for r in records]
+        resumptions, events = self.db.resumptions_of(ids), self.db.events_of(ids)
+        return [Run.from_record(r, resumptions[r.id], events[r.id]) for r in records]
+
+    def count_runs(self, status: str | Iterable[str] | None = None, cluster: str | None = None, *,
+                   user: str | None = None, q: str | None = None) -> int:
+        """How many runs `list_runs` would return without a limit (a page's total)."""
+        return self.db.count_runs(run_statuses(status), cluster, user=user, q=q)
 
     def wait_for_run_status(self, name: str, status: str | Iterable[str], timeout: float | None = None,
                             poll: float = 0.25) -> Run:
         """Wait until the run reaches `status`, or passes it: waiting for an active status (e.g. RUNNING)
         returns once the run is there or further along, finished included. Waiting for terminal statuses
         raises RunFailed if the run ends in another one; TimeoutError after `timeout` seconds."""
-        wanted = set(_statuses(status) or ())
+        wanted = set(run_statuses(status) or ())
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             run = self.get_run(name)
@@ -226,6 +247,53 @@ class Platform:
             return self._request(name, "move", cluster)
         return self._request(name, "restart")
 
+    def delete_run(self, name: str) -> None:
+        """Forget a run: stop it first if it is active (RunStateError if it does not stop within its
+        stop_grace and a margin), then remove its record, resumptions, events and folder."""
+        record = self._record(name)
+        if record.status not in TERMINAL:
+            self.stop_run(name)
+            grace = RunSpec.model_validate(record.spec).scheduling.stop_grace
+            try:
+                self.wait_for_run_status(name, TERMINAL, timeout=grace + STOP_MARGIN)
+            except TimeoutError:
+                raise RunStateError(f"run {name} did not stop within {grace + STOP_MARGIN:g} s (it is "
+                                    f"{self._record(name).status}); not deleted, try again later") from None
+        self.db.delete_run(record.id)
+        folder = Path(record.folder)
+        if folder.parent != self.home / "runs":   # never remove a folder outside this home's runs
+            return
+        shutil.rmtree(folder, ignore_errors=True)
+        if folder.exists():
+            raise PlatformError(f"run {name} was deleted, but its folder {folder} could not be removed")
+
+    def update_run(self, name: str, *, priority: str | None = None, max_duration: float | str | None = None,
+                   max_retries: int | None = None) -> Run:
+        """Change a run's scheduling (bounds as at submit). The supervisor reads the stored spec on every
+        pass, so a lowered max_retries or max_duration applies to the current resumption too."""
+        record = self._record(name)
+        spec, changes = updated_scheduling(RunSpec.model_validate(record.spec), priority=priority,
+                                           max_duration=max_duration, max_retries=max_retries)
+        if not changes:
+            return self.get_run(name)
+        self.db.update_run(record.id, spec=spec.model_dump(mode="json"))
+        (Path(record.folder) / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")
+        self.db.add_event(record.id, "updated", "scheduling updated: " + ", ".join(changes))
+        return self.get_run(name)
+
+    def clone_run(self, name: str, new_name: str, *, cluster: str | None = None, gpus: int | None = None,
+                  user: str | None = None) -> Run:
+        """Submit the run's spec again as `new_name` (on `cluster`, with `gpus` per node, when given),
+        from the same working directory; the clone is `user`'s (default: the OS user)."""
+        record = self._record(name)
+        spec = cloned_spec(RunSpec.model_validate(record.spec), new_name, cluster=cluster or record.cluster,
+                           gpus=gpus)
+        return self.create_run(spec, workdir=record.workdir, user=user)
+
+    def run_metrics(self, name: str, after: int = 0) -> tuple[list[dict[str, Any]], int]:
+        """(metric rows the run reported after byte offset `after`, the offset to pass next time)."""
+        return read_metrics(self._record(name).folder, after)
+
     # --- logs -------------------------------------------------------------------------------------
 
     def log_files(self, name: str, rank: int | None = None, resumption: int | None = None
@@ -248,28 +316,6 @@ class Platform:
         return json.loads(redact(json.dumps(self.get_run(name).to_dict())))
 
 
-def _statuses(status: str | Iterable[str] | None) -> tuple[str, ...] | None:
-    if status is None:
-        return None
-    values = (status,) if isinstance(status, str) else tuple(status)
-    out = tuple(v.upper() for v in values)
-    for v in out:
-        if v not in ALL_STATUSES:
-            raise ValueError(f"unknown run status {v!r}; use one of {', '.join(ALL_STATUSES)}")
-    return out
-
-
-def _as_spec(spec: RunSpec | dict[str, Any] | str | Path) -> RunSpec:
-    if isinstance(spec, RunSpec):
-        return spec
-    if isinstance(spec, dict):
-        return validate_spec(spec)
-    if isinstance(spec, Path) or (isinstance(spec, str) and "\n" not in spec and Path(spec).suffix in
-                                  (".yaml", ".yml", ".json")):
-        return load_spec(spec)
-    return parse_spec(spec)
-
-
 # --- module-level functions (the MCLI-style SDK) ---------------------------------------------------
 
 
@@ -278,17 +324,23 @@ def _platform(home: str | Path | None) -> Platform:
 
 
 def create_run(spec: RunSpec | dict[str, Any] | str | Path, *, cluster: str | None = None,
-               home: str | Path | None = None, workdir: str | Path | None = None) -> Run:
-    return _platform(home).create_run(spec, cluster=cluster, workdir=workdir)
+               home: str | Path | None = None, workdir: str | Path | None = None, user: str | None = None) -> Run:
+    return _platform(home).create_run(spec, cluster=cluster, workdir=workdir, user=user)
 
 
 def get_run(name: str, *, home: str | Path | None = None) -> Run:
     return _platform(home).get_run(name)
 
 
-def list_runs(status: str | Iterable[str] | None = None, *, cluster: str | None = None,
+def list_runs(status: str | Iterable[str] | None = None, *, cluster: str | None = None, limit: int | None = None,
+              user: str | None = None, offset: int = 0, q: str | None = None,
               home: str | Path | None = None) -> list[Run]:
-    return _platform(home).list_runs(status, cluster)
+    return _platform(home).list_runs(status, cluster, limit, user=user, offset=offset, q=q)
+
+
+def count_runs(status: str | Iterable[str] | None = None, *, cluster: str | None = None, user: str | None = None,
+               q: str | None = None, home: str | Path | None = None) -> int:
+    return _platform(home).count_runs(status, cluster, user=user, q=q)
 
 
 def wait_for_run_status(name: str, status: str | Iterable[str], timeout: float | None = None, *,
@@ -311,3 +363,21 @@ def move_run(name: str, cluster: str, *, home: str | Path | None = None) -> Run:
 
 def restart_run(name: str, *, cluster: str | None = None, home: str | Path | None = None) -> Run:
     return _platform(home).restart_run(name, cluster)
+
+
+def delete_run(name: str, *, home: str | Path | None = None) -> None:
+    _platform(home).delete_run(name)
+
+
+def update_run(name: str, *, priority: str | None = None, max_duration: float | str | None = None,
+               max_retries: int | None = None, home: str | Path | None = None) -> Run:
+    return _platform(home).update_run(name, priority=priority, max_duration=max_duration, max_retries=max_retries)
+
+
+def clone_run(name: str, new_name: str, *, cluster: str | None = None, gpus: int | None = None,
+              home: str | Path | None = None) -> Run:
+    return _platform(home).clone_run(name, new_name, cluster=cluster, gpus=gpus)
+
+
+def run_metrics(name: str, after: int = 0, *, home: str | Path | None = None) -> tuple[list[dict[str, Any]], int]:
+    return _platform(home).run_metrics(name, after)

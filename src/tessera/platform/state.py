@@ -3,6 +3,7 @@
 A CLI, the SDK and the supervisor each open their own connection; WAL lets readers run beside the one
 writer, writes take the write lock up front (`BEGIN IMMEDIATE`) and wait up to 30 s for it. Tables:
 clusters, runs, resumptions (every start of a run), events, node_faults (per cluster) and supervisor.
+`PRAGMA user_version` is the schema's version; opening an older file migrates it in place (`_MIGRATIONS`).
 Secret values are never written here: specs name secrets, and every text that came from a run's logs
 is redacted before it is stored.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 from tessera.platform.home import tessera_home
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Lifecycle. STOPPING is the short stretch between a stop/move request and the processes' exit.
 PENDING, QUEUED, STARTING, RUNNING, STOPPING = "PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"
@@ -41,8 +42,9 @@ CREATE TABLE IF NOT EXISTS runs (
     cluster TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, ended REAL,
     request TEXT, request_arg TEXT, retries_used INTEGER NOT NULL DEFAULT 0,
     system_retries INTEGER NOT NULL DEFAULT 0, failure_kind TEXT, first_error TEXT, not_before REAL,
-    folder TEXT NOT NULL, workdir TEXT, next_cause TEXT);
+    folder TEXT NOT NULL, workdir TEXT, next_cause TEXT, user TEXT);
 CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
+CREATE INDEX IF NOT EXISTS runs_created ON runs(created);
 CREATE TABLE IF NOT EXISTS resumptions (
     run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, idx INTEGER NOT NULL,
     cluster TEXT NOT NULL, cause TEXT NOT NULL, status TEXT NOT NULL, job_id TEXT, handle TEXT,
@@ -60,6 +62,9 @@ CREATE TABLE IF NOT EXISTS node_faults (
 CREATE TABLE IF NOT EXISTS supervisor (
     id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER NOT NULL, started REAL NOT NULL, beat REAL NOT NULL);
 """
+
+# Columns added after version 1 (table, column, SQL type): an older file gets them when it is opened.
+_MIGRATIONS = (("runs", "user", "TEXT"),)
 
 
 @dataclass
@@ -90,6 +95,7 @@ class RunRecord:
     not_before: float | None = None
     workdir: str | None = None
     next_cause: str | None = None
+    user: str | None = None          # who submitted it (the OS user locally, the API user on a server)
 
 
 @dataclass
@@ -145,6 +151,29 @@ def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+_CHUNK = 500   # run ids per IN (...) query: old SQLite builds allow only 999 bound variables
+
+
+def _run_filter(statuses: tuple[str, ...] | None, cluster: str | None, user: str | None,
+                q: str | None) -> tuple[str, list[Any]]:
+    """The WHERE clause (with its arguments) shared by `list_runs` and `count_runs`."""
+    parts: list[str] = []
+    args: list[Any] = []
+    if statuses:
+        parts.append(f"status IN ({', '.join('?' * len(statuses))})")
+        args += list(statuses)
+    if cluster:
+        parts.append("cluster = ?")
+        args.append(cluster)
+    if user:
+        parts.append("user = ?")
+        args.append(user)
+    if q:
+        parts.append("instr(name, ?) > 0")   # run names are lower case, so the search is too
+        args.append(q.lower())
+    return (" WHERE " + " AND ".join(parts)) if parts else "", args
+
+
 class StateDB:
     """One connection to the state database; cheap to create, not shared across threads."""
 
@@ -165,7 +194,15 @@ class StateDB:
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         self.conn.execute(statement)
+                self._migrate()
                 self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _migrate(self) -> None:
+        """Add the columns an older file lacks (inside the write lock, so two openers add them once)."""
+        for table, column, type_ in _MIGRATIONS:
+            have = {row["name"] for row in self.conn.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
 
     def close(self) -> None:
         self.conn.close()
@@ -220,18 +257,25 @@ class StateDB:
         return _row(RunRecord, row) if row else None
 
     def list_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None,
-                  limit: int | None = None) -> list[RunRecord]:
-        sql, args = "SELECT * FROM runs WHERE 1=1", []
-        if statuses:
-            sql += f" AND status IN ({', '.join('?' * len(statuses))})"
-            args += list(statuses)
-        if cluster:
-            sql += " AND cluster = ?"
-            args.append(cluster)
-        sql += " ORDER BY created DESC"
-        if limit:
-            sql += f" LIMIT {int(limit)}"
+                  limit: int | None = None, *, user: str | None = None, offset: int = 0,
+                  q: str | None = None) -> list[RunRecord]:
+        """Runs newest first; `q` keeps the names containing it."""
+        where, args = _run_filter(statuses, cluster, user, q)
+        sql = f"SELECT * FROM runs{where} ORDER BY created DESC, rowid DESC"
+        if limit or offset:
+            sql += " LIMIT ? OFFSET ?"
+            args += [int(limit) if limit else -1, int(offset)]
         return [_row(RunRecord, r) for r in self.conn.execute(sql, args)]
+
+    def count_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
+                   user: str | None = None, q: str | None = None) -> int:
+        where, args = _run_filter(statuses, cluster, user, q)
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
+
+    def delete_run(self, run_id: str) -> bool:
+        """Forget a run; its resumptions and events go with it (ON DELETE CASCADE)."""
+        with self.write() as c:
+            return c.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         fields.setdefault("updated", time.time())
@@ -277,6 +321,13 @@ class StateDB:
         rows = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx", (run_id,))
         return [_row(ResumptionRecord, r) for r in rows]
 
+    def resumptions_of(self, run_ids: list[str]) -> dict[str, list[ResumptionRecord]]:
+        """The resumptions of many runs in a few queries (a page of `run list`, not one query per run)."""
+        out: dict[str, list[ResumptionRecord]] = {i: [] for i in run_ids}
+        for row in self._rows_of("resumptions", run_ids, "run_id, idx"):
+            out[row["run_id"]].append(_row(ResumptionRecord, row))
+        return out
+
     def current_resumption(self, run_id: str) -> ResumptionRecord | None:
         row = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx DESC LIMIT 1",
                                 (run_id,)).fetchone()
@@ -286,14 +337,31 @@ class StateDB:
 
     def add_event(self, run_id: str, kind: str, message: str, data: dict[str, Any] | None = None,
                   at: float | None = None) -> None:
+        """Record an event; dropped if the run was deleted meanwhile (a supervisor pass that just ended
+        it may still write one, and a foreign-key error there would stop the supervisor)."""
         with self.write() as c:
-            c.execute("INSERT INTO events (run_id, time, kind, message, data) VALUES (?, ?, ?, ?, ?)",
-                      (run_id, at or time.time(), kind, message, json.dumps(data) if data else None))
+            c.execute("INSERT INTO events (run_id, time, kind, message, data) SELECT ?, ?, ?, ?, ? "
+                      "WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?)",
+                      (run_id, at or time.time(), kind, message, json.dumps(data) if data else None, run_id))
 
     def events(self, run_id: str, after_id: int = 0) -> list[EventRecord]:
         rows = self.conn.execute("SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id",
                                  (run_id, after_id))
         return [_row(EventRecord, r) for r in rows]
+
+    def events_of(self, run_ids: list[str]) -> dict[str, list[EventRecord]]:
+        """The events of many runs in a few queries (see `resumptions_of`)."""
+        out: dict[str, list[EventRecord]] = {i: [] for i in run_ids}
+        for row in self._rows_of("events", run_ids, "run_id, id"):
+            out[row["run_id"]].append(_row(EventRecord, row))
+        return out
+
+    def _rows_of(self, table: str, run_ids: list[str], order: str) -> Iterator[sqlite3.Row]:
+        """Rows of `table` for `run_ids`, in chunks that stay under SQLite's limit on bound variables."""
+        for start in range(0, len(run_ids), _CHUNK):
+            chunk = run_ids[start:start + _CHUNK]
+            yield from self.conn.execute(f"SELECT * FROM {table} WHERE run_id IN ({', '.join('?' * len(chunk))}) "
+                                         f"ORDER BY {order}", chunk)
 
     # --- nodes ------------------------------------------------------------------------------------
 

@@ -121,6 +121,7 @@ def _run_env(run: RunRecord, spec: RunSpec, idx: int, folder: Path) -> dict[str,
     env = {**spec.env, "RUN_NAME": run.name, "TESSERA_RUN_ID": run.id, "TESSERA_RESUMPTION": str(idx),
            "TESSERA_HEARTBEAT": str(folder / "heartbeat.json"),
            "TESSERA_PARAMETERS": str(Path(run.folder) / "parameters.yaml"),
+           "TESSERA_METRICS": str(Path(run.folder) / "metrics.jsonl"),
            # the run finds `tessera` and `python` of the environment that submitted it
            "PATH": path if bin_dir in path.split(os.pathsep) else f"{bin_dir}{os.pathsep}{path}"}
     if spec.scheduling.hang_timeout:
