@@ -4,7 +4,8 @@ signatures, heartbeat progress) to a `Failure` whose kind decides what the super
 | kind        | evidence                                                        | action               |
 |-------------|-----------------------------------------------------------------|----------------------|
 | hang        | no new heartbeat for hang_timeout while the processes lived     | retry                |
-| node_fault  | scheduler NODE_FAIL, or hardware/NCCL signatures in a node's log| exclude node, retry  |
+| node_fault  | scheduler NODE_FAIL, a failed GPU pre-flight, a GPU fault or an  | exclude node, retry  |
+|             | NCCL signature in a node's log (gpu_health.py)                  |                      |
 | preemption  | scheduler PREEMPTED or TIMEOUT, or SIGTERM we did not send      | retry                |
 | oom         | scheduler OUT_OF_MEMORY, or out-of-memory signatures            | retry                |
 | storage     | storage/IO signatures (no space, I/O error, S3 5xx, ...)         | retry                |
@@ -14,8 +15,10 @@ signatures, heartbeat progress) to a `Failure` whose kind decides what the super
 | error       | non-zero exit after progress, no other sign                     | retry                |
 
 node_fault and preemption are "system" failures: with retry_on_system_failure they are retried without
-counting against max_retries. A node named by a hard signal (scheduler NODE_FAIL) is excluded at once;
-one implicated by softer evidence (a crash or hardware signature on it) after two such failures.
+counting against max_retries. A node named by a hard signal (scheduler NODE_FAIL, a failed GPU pre-flight, a
+GPU hardware fault: Xid 79, 48, 94, ..., an uncorrectable ECC error) is excluded at once; one implicated by
+softer evidence (a crash, an NCCL timeout, an unknown Xid, an illegal memory access after progress) after
+two such failures. An Xid of the program's own kind (13, 31, 43) blames no node.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tessera.platform.clusters.base import JobState, NodeExit
+from tessera.platform.gpu_health import Blame, GpuFault, preflight_faults, scan
 
 
 class FailureKind(StrEnum):
@@ -55,10 +59,10 @@ STORAGE_SIGNATURES = re.compile(
     r"StorageError|No space left on device|Input/output error|Read-only file system|Stale file handle|"
     r"Disk quota exceeded|Transport endpoint is not connected|SlowDown|ServiceUnavailable|"
     r"InternalError.*(?:S3|bucket)|RequestTimeout|Connection reset by peer|EndpointConnectionError")
+# GPU faults (Xids, ECC, a GPU off the bus, NCCL timeouts) are gpu_health.scan's; these are the rest.
 NODE_SIGNATURES = re.compile(
-    r"NCCL error|ncclSystemError|ncclUnhandledCudaError|ncclInternalError|uncorrectable ECC|ECC error|"
-    r"\bXid\b|GPU is lost|fallen off the bus|CUDA error: unspecified launch failure|"
-    r"DUE TO NODE FAILURE|Node failure on")
+    r"NCCL error|ncclSystemError|ncclUnhandledCudaError|ncclInternalError|GPU is lost|"
+    r"CUDA error: unspecified launch failure|DUE TO NODE FAILURE|Node failure on")
 _TRACEBACK = "Traceback (most recent call last):"
 _CLI_ERROR = "error: "  # tessera.cli.console.fail
 _PREFIX = re.compile(r"^\[default\d+\]:")
@@ -76,6 +80,7 @@ class Evidence:
     unhealthy_nodes: list[str] = field(default_factory=list)      # seen unhealthy while it ran
     made_progress: bool = False
     hang: bool = False
+    preflight: dict[int, dict] = field(default_factory=dict)      # node rank -> node-R.preflight.json
 
 
 @dataclass
@@ -85,7 +90,8 @@ class Failure:
     summary: str
     first_error: str | None = None
     nodes: list[str] = field(default_factory=list)   # implicated nodes
-    hard: bool = False                               # the scheduler itself named the nodes
+    hard: bool = False                               # the scheduler, or the GPUs themselves, named the nodes
+    gpu_fault: str | None = None                     # e.g. "xid_79", "preflight" (gpu_health.GpuFault.kind)
 
     @property
     def system(self) -> bool:
@@ -143,6 +149,9 @@ def classify(ev: Evidence) -> Failure:
     if ev.hang:
         return Failure(FailureKind.HANG, Action.RETRY, "no heartbeat progress within hang_timeout; killed",
                        first_error)
+    preflight = _preflight_failure(ev, first_error)
+    if preflight:
+        return preflight
     if ev.state is JobState.NODE_FAIL:
         bad = [n for n in ev.nodes if n in ev.unhealthy_nodes] or list(ev.unhealthy_nodes)
         named = f": {', '.join(bad)}" if bad else ""
@@ -153,6 +162,11 @@ def classify(ev: Evidence) -> Failure:
     if ev.state is JobState.TIMEOUT:
         return Failure(FailureKind.PREEMPTION, Action.RETRY, "the scheduler's time limit was reached",
                        first_error)
+    gpu = {r: scan(text) for r, text in sorted(ev.logs.items())} if code not in (0, None) else {}
+    first_error = first_error or next((f.line[:500] for faults in gpu.values() for f in faults), None)
+    hardware = _gpu_failure(ev, gpu, Blame.NODE, first_error)
+    if hardware:
+        return hardware
     if ev.state is JobState.OUT_OF_MEMORY or (code not in (0, None) and OOM_SIGNATURES.search(all_logs)):
         return Failure(FailureKind.OOM, Action.RETRY, f"out of memory ({_describe_exit(code)}{where})",
                        first_error, primary_nodes)
@@ -160,6 +174,9 @@ def classify(ev: Evidence) -> Failure:
         match = STORAGE_SIGNATURES.search(all_logs)
         return Failure(FailureKind.STORAGE, Action.RETRY,
                        f"storage error ({match.group(0)}; {_describe_exit(code)}{where})", first_error)
+    suspect = _suspect_failure(ev, gpu, first_error)
+    if suspect:
+        return suspect
     node_hits = [r for r, text in sorted(ev.logs.items()) if NODE_SIGNATURES.search(text)]
     if node_hits and code not in (0, None):
         nodes = [ev.nodes[r] for r in node_hits if r < len(ev.nodes)]
@@ -188,3 +205,73 @@ def classify(ev: Evidence) -> Failure:
                        first_error)
     return Failure(FailureKind.ERROR, Action.RETRY, f"the command failed after progress "
                    f"({_describe_exit(code)}{where})", first_error)
+
+
+# --- GPU faults (gpu_health.py finds them; this decides what they mean for the run and its nodes) -------
+
+
+def _node(ev: Evidence, rank: int) -> str | None:
+    return ev.nodes[rank] if rank < len(ev.nodes) else None
+
+
+def _preflight_failure(ev: Evidence, first_error: str | None) -> Failure | None:
+    """A node failed its GPU pre-flight: the command never started there, so nothing else matters."""
+    faults = preflight_faults(ev.preflight)
+    if not faults:
+        return None
+    nodes = [str(ev.preflight[r].get("node") or _node(ev, r) or "") for r in faults]
+    nodes = [n for n in nodes if n]
+    rank, fault = next(iter(faults.items()))
+    return Failure(FailureKind.NODE_FAULT, Action.EXCLUDE_AND_RETRY if nodes else Action.RETRY,
+                   f"GPU pre-flight failed on node {rank} ({nodes[0] if nodes else '?'}): {fault.line}",
+                   first_error or fault.line, nodes, hard=True, gpu_fault=fault.kind)
+
+
+def _gpu_failure(ev: Evidence, gpu: dict[int, list[GpuFault]], blame: Blame,
+                 first_error: str | None) -> Failure | None:
+    """The GPU hardware faults (`blame` NODE) in the nodes' logs: those nodes are excluded at once."""
+    hits = {r: next(f for f in faults if f.blame is blame) for r, faults in gpu.items()
+            if any(f.blame is blame for f in faults)}
+    if not hits:
+        return None
+    nodes = [n for n in (_node(ev, r) for r in hits) if n]
+    rank, fault = next(iter(hits.items()))
+    return Failure(FailureKind.NODE_FAULT, Action.EXCLUDE_AND_RETRY if nodes else Action.RETRY,
+                   f"GPU fault in the log of node {rank} ({_node(ev, rank) or '?'}): {fault.describe()}",
+                   first_error or fault.line, nodes, hard=True, gpu_fault=fault.kind)
+
+
+def _suspect_failure(ev: Evidence, gpu: dict[int, list[GpuFault]], first_error: str | None) -> Failure | None:
+    """GPU errors that may be the program's or the hardware's: the node gets a soft fault (excluded at the
+    second). An illegal memory access before any progress, or beside an Xid of the program's kind, is the
+    program's (user_error, by the rules that follow)."""
+    kinds = {r: {f.kind: f for f in faults} for r, faults in gpu.items() if faults}
+    program = {r for r, faults in gpu.items() if any(f.blame is Blame.PROGRAM for f in faults)}
+    illegal = {r: k["illegal_memory_access"] for r, k in kinds.items() if "illegal_memory_access" in k}
+    if illegal:
+        if not ev.made_progress or program & set(illegal):
+            return None
+        rank, fault = next(iter(illegal.items()))
+        nodes = [n for n in (_node(ev, r) for r in illegal) if n]
+        return Failure(FailureKind.ERROR, Action.RETRY, f"CUDA illegal memory access after progress on node "
+                       f"{rank} ({_node(ev, rank) or '?'}): a program bug or a GPU fault; counted retry, and the "
+                       "node is excluded if it happens there again", first_error or fault.line, nodes,
+                       gpu_fault=fault.kind)
+    unknown = {r: f for r, faults in gpu.items() for f in faults if f.blame is Blame.SUSPECT
+               and f.kind.startswith("xid_")}
+    if unknown:
+        rank, fault = next(iter(unknown.items()))
+        nodes = [n for n in (_node(ev, r) for r in unknown) if n]
+        return Failure(FailureKind.NODE_FAULT, Action.EXCLUDE_AND_RETRY if nodes else Action.RETRY,
+                       f"GPU error in the log of node {rank}: {fault.describe()}", first_error or fault.line,
+                       nodes, gpu_fault=fault.kind)
+    timeouts = {r: k["nccl_timeout"] for r, k in kinds.items() if "nccl_timeout" in k}
+    if not timeouts:
+        return None
+    # The ranks that time out are the ones left waiting: the node that did not report one is the suspect.
+    silent = [n for r, n in enumerate(ev.nodes) if r not in timeouts] if len(timeouts) < len(ev.nodes) else []
+    rank, fault = next(iter(timeouts.items()))
+    named = f"; suspect: {', '.join(silent)} (no timeout of its own)" if silent else ""
+    return Failure(FailureKind.NODE_FAULT, Action.EXCLUDE_AND_RETRY if silent else Action.RETRY,
+                   f"NCCL collective timed out on node(s) {', '.join(map(str, timeouts))}{named}",
+                   first_error or fault.line, silent, gpu_fault=fault.kind)

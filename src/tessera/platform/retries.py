@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tessera.platform.clusters import ClusterBackend, JobState, JobStatus
 from tessera.platform.errors import ClusterError, PlatformError
 from tessera.platform.failures import Action, Evidence, Failure, FailureKind, classify
+from tessera.platform.gpu_health import read_preflight
 from tessera.platform.secrets import Redactor
 from tessera.platform.spec import RunSpec, format_duration
 from tessera.platform.state import FAILED, PENDING, ResumptionRecord, RunRecord
@@ -50,12 +52,22 @@ def resumption_failed(ctx: SupervisorContext, run: RunRecord, res: ResumptionRec
         ctx.db.update_resumption(run.id, res.idx, outcome=FailureKind.TIMEOUT.value, detail=summary, **end)
         ctx.finish(run, FAILED, summary, kind=FailureKind.TIMEOUT.value)
         return
-    failure = classify(_evidence(ctx, res, spec, backend, status, now))
+    failure = _on_one_node(classify(_evidence(ctx, res, spec, backend, status, now)), backend)
     ctx.db.update_resumption(run.id, res.idx, outcome=failure.kind.value, detail=redact(failure.summary), **end)
-    ctx.db.add_event(run.id, "failure", redact(f"resumption {res.idx} failed: {failure.kind.value}: "
+    gpu = f" [{failure.gpu_fault}]" if failure.gpu_fault else ""
+    ctx.db.add_event(run.id, "failure", redact(f"resumption {res.idx} failed: {failure.kind.value}{gpu}: "
                                                f"{failure.summary}"))
     _mark_nodes(ctx, run, res, failure)
     _decide(ctx, run, spec, failure, redact)
+
+
+def _on_one_node(failure: Failure, backend: ClusterBackend) -> Failure:
+    """The local cluster is one node: a GPU fault there cannot be excluded and would come back at every
+    system retry, so the run fails with the reason instead."""
+    if backend.type != "local" or not (failure.hard and failure.gpu_fault):
+        return failure
+    return replace(failure, action=Action.FAIL, summary=f"{failure.summary}; the local cluster is this one "
+                   "machine, so there is no other node to run on: repair the GPU, then `tessera run restart`")
 
 
 def _tail(path: Path, size: int = LOG_TAIL) -> str:
@@ -90,7 +102,7 @@ def _evidence(ctx: SupervisorContext, res: ResumptionRecord, spec: RunSpec, back
         made_progress = now - (res.start or now) > ctx.settings.early_window
     return Evidence(status.state, status.exit_code, status.node_exits, logs, list(by_rank),
                     sorted(unhealthy & set(nodes)) if nodes else sorted(unhealthy), made_progress,
-                    hang=res.stop_reason == "hang")
+                    hang=res.stop_reason == "hang", preflight=read_preflight(folder))
 
 
 def _mark_nodes(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, failure: Failure) -> None:
