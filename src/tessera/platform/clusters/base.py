@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import socket
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class NodeExit:
     node: str
     exit_code: int
     signal: int | None = None
+    reason: str = ""     # set when the node ended before its command (a failed prelude step, a stop)
 
 
 @dataclass
@@ -81,7 +83,9 @@ class LaunchRequest:
     secret_files: list[tuple[Path, str, str]] = field(default_factory=list)   # (path, mount path, env var)
     exclude: list[str] = field(default_factory=list)
     time_limit: float | None = None
-    workdir: str | None = None
+    workdir: str | None = None          # where the launcher starts (the folder the run was submitted from)
+    prelude: list[dict[str, Any]] = field(default_factory=list)   # steps before the command (integrations.py)
+    node_workdir: str | None = None     # the command's folder on each node, if not `workdir` (a template)
 
 
 class ClusterBackend(ABC):
@@ -137,7 +141,7 @@ class ClusterBackend(ABC):
 
 
 def write_launch_files(request: LaunchRequest, torchrun: list[str], *, grace: float,
-                       secrets_in_file: bool) -> None:
+                       secrets_in_file: bool, notes: list[str] | None = None) -> None:
     """command.sh (the user's command, verbatim), launch.json, launch.py, and (for schedulers that copy
     the submitting environment) secrets.json with mode 0600, deleted when the resumption ends."""
     folder = request.folder
@@ -145,12 +149,31 @@ def write_launch_files(request: LaunchRequest, torchrun: list[str], *, grace: fl
     (folder / "command.sh").write_text(f"# run {request.run_name}, resumption {request.resumption}\n"
                                        f"{request.spec.command}\n", encoding="utf-8")
     config = {"procs_per_node": request.spec.compute.ranks_per_node, "torchrun": torchrun, "grace": grace,
-              "workdir": request.workdir}
+              "workdir": request.node_workdir or request.workdir, "prelude": request.prelude,
+              "notes": list(notes or [])}
     (folder / "launch.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     (folder / "launch.py").write_text(LAUNCHER.read_text(encoding="utf-8"), encoding="utf-8")
+    for step in request.prelude:   # scripts a step runs (the GPU pre-flight), beside launch.py
+        for name, source in (step.get("files") or {}).items():
+            shutil.copyfile(source, folder / name)
     if secrets_in_file and (request.secret_env or request.secret_files):
         secret_env = {**request.secret_env, **{var: str(path) for path, _, var in request.secret_files}}
         write_private(folder / "secrets.json", json.dumps(secret_env).encode())
+
+
+def no_runtime_note(image: str) -> str:
+    """The line a node's log gets when the run's image cannot be used here (the command runs anyway)."""
+    return f"tessera: warning: image {image} requested; no container runtime on this host: running on the host"
+
+
+def container_mounts(request: LaunchRequest) -> list[str]:
+    """Host folders a containerised node needs at the same path: the run's folder (resumptions,
+    parameters, metrics), the folder it was submitted from, and each secret file."""
+    paths = [str(request.folder.parent)]
+    if request.workdir:
+        paths.append(str(request.workdir))
+    paths += [str(path) for path, _, _ in request.secret_files]
+    return list(dict.fromkeys(paths))
 
 
 def read_node_exits(folder: Path) -> list[NodeExit]:
@@ -159,7 +182,7 @@ def read_node_exits(folder: Path) -> list[NodeExit]:
         try:
             body = json.loads(path.read_text())
             out.append(NodeExit(int(body["rank"]), str(body.get("node", "")), int(body["exit_code"]),
-                                body.get("signal")))
+                                body.get("signal"), str(body.get("reason") or "")))
         except (OSError, ValueError, KeyError):
             continue
     return sorted(out, key=lambda e: e.rank)

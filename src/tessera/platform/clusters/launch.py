@@ -3,15 +3,21 @@ imports nothing from Tessera), once per node: by the local backend directly, on 
 
     python launch.py            (in the resumption folder's parent process environment)
 
-It reads launch.json beside it, adds secrets.json (if present) to the command's environment, writes
-node-R.start, runs the command (through torchrun when there are several ranks per node), waits for it
-and for whatever it left in the process group, and writes node-R.exit = {"exit_code", "signal", ...}.
+It reads launch.json beside it, adds secrets.json (if present) to the command's environment, runs the
+prelude (the run's set-up steps: GPU pre-flight, git clone, pip install; each one's output goes to the
+node's log, and the first that fails ends the node with {"reason": ...} in node-R.exit and an `error:`
+line the failure classifier reads), writes node-R.start, runs the command (through torchrun when there
+are several ranks per node), waits for it and for whatever it left in the process group, and writes
+node-R.exit = {"exit_code", "signal", ...}.
 SIGTERM and SIGINT do not stop this launcher: it relays them to every process of its group (the command
 and what it started; Slurm's `scancel --signal` reaches only the task's own process) and waits for them.
 """
 
+import collections
+import fcntl
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -91,6 +97,70 @@ def _reap_some(code):
         code = _decode(status)
 
 
+def _fill(text, rank):
+    """Placeholders the platform cannot know when it writes launch.json: this node's python and rank."""
+    return text.replace("{python}", sys.executable).replace("{folder}", HERE).replace("{rank}", str(rank))
+
+
+def _run_step(step, env, workdir, rank):
+    """One prelude step; its output goes to this node's log. Returns (exit code, last line it printed)."""
+    argv = [_fill(a, rank) for a in step["argv"]]
+    step_env = dict(env)
+    for key, value in (step.get("env_default") or {}).items():
+        step_env.setdefault(key, _fill(value, rank))
+    step_env.update({key: _fill(value, rank) for key, value in (step.get("env") or {}).items()})
+    cwd = HERE if step.get("cwd") is None else os.path.join(workdir, step["cwd"])
+    shown = step.get("show") or " ".join(shlex.quote(a) for a in argv)
+    print(f"tessera: {step['name']}: $ {_fill(shown, rank)}", flush=True)
+    lock = open(os.path.join(HERE, "prelude.lock"), "a") if step.get("lock") else None
+    if lock is not None:   # nodes sharing one environment (Slurm) install into it one at a time
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=step_env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+    except OSError as exc:
+        if lock is not None:
+            lock.close()
+        return 127, f"cannot start {argv[0]}: {exc.strerror or exc}"
+    tail = collections.deque(maxlen=20)
+    for line in proc.stdout:
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+        if line.strip():
+            tail.append(line.decode(errors="replace").strip())
+    code = proc.wait()
+    if lock is not None:
+        lock.close()
+    return code, (tail[-1] if tail else "")
+
+
+def _end_before_command(rank, node, exit_code, sig, **extra):
+    _write_json(os.path.join(HERE, f"node-{rank}.exit"),
+                {"rank": rank, "node": node, "exit_code": exit_code, "signal": sig, "time": time.time(), **extra})
+    return exit_code
+
+
+def _prelude(cfg, env, workdir, rank, node, stopping):
+    """Run the prelude steps in order; None when all succeeded and no stop came, else the exit code the
+    node ends with (node-R.exit written, with the reason)."""
+    for step in cfg.get("prelude") or []:
+        if stopping:
+            break
+        code, last = _run_step(step, env, workdir, rank)
+        if code == 0 or stopping:
+            continue
+        sig = -code if code < 0 else None
+        exit_code = 128 + sig if sig else code
+        reason = f"{step['name']} failed: {last or 'no output'} (exit {exit_code})"
+        print(f"error: {reason}", flush=True)
+        return _end_before_command(rank, node, exit_code, sig, reason=reason, step=step["name"],
+                                   node_fault=code == step.get("fault_exit"))
+    if stopping:
+        sig = stopping[0]
+        return _end_before_command(rank, node, 128 + sig, sig, reason="stopped before the command started")
+    return None
+
+
 def main():
     with open(os.path.join(HERE, "launch.json")) as f:
         cfg = json.load(f)
@@ -119,7 +189,10 @@ def main():
         os.setpgid(0, 0)      # own process group, so relaying and clean-up touch only this node's command
     pgid = me
 
+    stopping = []    # set once a stop arrives: no further prelude step, no command
+
     def relay(signum, _frame):
+        stopping.append(signum)
         for pid in _group_members(pgid, me):
             try:
                 os.kill(pid, signum)
@@ -128,8 +201,15 @@ def main():
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, relay)   # a handler, not SIG_IGN: the command must not inherit an ignored signal
+    for note in cfg.get("notes") or []:
+        print(note, flush=True)
+    workdir = _fill(cfg.get("workdir") or os.getcwd(), rank)
+    os.makedirs(workdir, exist_ok=True)
+    ended = _prelude(cfg, env, workdir, rank, node, stopping)
+    if ended is not None:
+        return ended
     try:
-        child = subprocess.Popen(command, env=env, cwd=cfg.get("workdir") or None)
+        child = subprocess.Popen(command, env=env, cwd=workdir)
     except OSError as exc:
         print(f"tessera: cannot start {command[0]}: {exc}", file=sys.stderr, flush=True)
         _write_json(os.path.join(HERE, f"node-{rank}.exit"),

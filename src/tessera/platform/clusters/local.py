@@ -2,6 +2,10 @@
 session of its own, so it survives the CLI and the supervisor; the launcher writes node-0.exit when the
 command ends, which is how a restarted supervisor learns the exit status of a process it did not start.
 Several ranks per node go through torchrun (`procs_per_node` or `gpus_per_node` > 1).
+
+A run's `image` is used through podman or docker when this host has one that works (containers.py);
+without one the command runs on the host and the node's log says so, unless the cluster's config has
+`require_image: true`, which refuses such a run before it is created.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from tessera.platform.clusters.base import (
     LaunchRequest,
     NodeInfo,
     hostname,
+    no_runtime_note,
     read_node_exits,
     read_node_starts,
     write_launch_files,
 )
+from tessera.platform.clusters.containers import CONTAINER_PYTHON, container_name, local_runtime, runtime_argv
 from tessera.platform.errors import ClusterError
 from tessera.platform.spec import RunSpec
 
@@ -61,6 +67,9 @@ class LocalBackend(ClusterBackend):
     type = "local"
 
     def check(self, spec: RunSpec) -> None:
+        if spec.image and self.config.get("require_image") and not local_runtime(self.config):
+            raise ClusterError(f"the run asks for image {spec.image} and cluster {self.name!r} requires images "
+                               "(require_image), but this host has no working container runtime (podman or docker)")
         if spec.compute.nodes != 1:
             raise ClusterError(f"cluster {self.name!r} is this machine (one node); the run asks for "
                                f"{spec.compute.nodes} nodes: use a Slurm cluster, or nodes: 1")
@@ -70,24 +79,34 @@ class LocalBackend(ClusterBackend):
 
     def submit(self, request: LaunchRequest) -> dict[str, Any]:
         self.check(request.spec)
-        torchrun = [sys.executable, "-m", "torch.distributed.run"]
-        write_launch_files(request, torchrun, grace=request.spec.scheduling.stop_grace, secrets_in_file=False)
-        env = {**os.environ, **request.env, **request.secret_env,
-               **{var: str(path) for path, _, var in request.secret_files},
-               "NODE_RANK": "0", "NNODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        image = request.spec.image
+        runtime = local_runtime(self.config) if image else None
+        python = CONTAINER_PYTHON if runtime else sys.executable
+        notes = [no_runtime_note(str(image))] if image and not runtime else []
+        write_launch_files(request, [python, "-m", "torch.distributed.run"], grace=request.spec.scheduling.stop_grace,
+                           secrets_in_file=False, notes=notes)
+        given = {**request.env, **request.secret_env, **{var: str(path) for path, _, var in request.secret_files},
+                 "NODE_RANK": "0", "NNODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+        env = {**os.environ, **given}
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]     # a local run started from inside a Slurm job must not look like one
+        argv = [sys.executable, str(request.folder / "launch.py")]
+        if runtime:
+            argv = runtime_argv(runtime, request, [k for k in given if k != "PATH"], python)
         log = open(request.folder / "node-0.log", "ab")
         try:
-            proc = subprocess.Popen([sys.executable, str(request.folder / "launch.py")], env=env,
+            proc = subprocess.Popen(argv, env=env,
                                     cwd=request.workdir or None, stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, start_new_session=True,
                                     preexec_fn=_nice(request.spec.scheduling.priority))
         finally:
             log.close()
         _children[proc.pid] = proc
-        return {"job_id": str(proc.pid), "pid": proc.pid, "ticks": _start_ticks(proc.pid),
-                "folder": str(request.folder), "nodes": [hostname()], "submitted": time.time()}
+        handle = {"job_id": str(proc.pid), "pid": proc.pid, "ticks": _start_ticks(proc.pid),
+                  "folder": str(request.folder), "nodes": [hostname()], "submitted": time.time()}
+        if runtime:
+            handle["container"] = [runtime, container_name(request)]
+        return handle
 
     def find(self, request: LaunchRequest) -> dict[str, Any] | None:
         """The launcher of `request.folder`: a live process running `python <folder>/launch.py`, or the
@@ -138,6 +157,9 @@ class LocalBackend(ClusterBackend):
             os.killpg(int(handle["pid"]), signal.SIGKILL)   # the launcher leads its own process group
         except (ProcessLookupError, PermissionError):
             pass
+        if handle.get("container"):   # docker's container outlives its killed client
+            runtime, name = handle["container"]
+            subprocess.run([runtime, "rm", "-f", name], capture_output=True, timeout=60, check=False)
 
     def nodes(self) -> list[NodeInfo]:
         return [NodeInfo(hostname(), "up", True, cpus=os.cpu_count())]
