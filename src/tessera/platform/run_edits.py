@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tessera.platform.errors import SpecError
-from tessera.platform.spec import RunSpec, Scheduling, format_duration, validate_spec
+from tessera.platform.spec import RunSpec, Scheduling, format_duration, validate_name, validate_spec
 
 
 def updated_scheduling(spec: RunSpec, *, priority: str | None = None, max_duration: Any = None,
@@ -41,6 +41,10 @@ def updated_scheduling(spec: RunSpec, *, priority: str | None = None, max_durati
 
 def cloned_spec(spec: RunSpec, new_name: str, *, cluster: str | None = None, gpus: int | None = None) -> RunSpec:
     """The spec under `new_name`, on `cluster` and with `gpus` per node when given."""
+    try:
+        validate_name(new_name, "run name")
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
     data = spec.model_dump(mode="json")
     data["name"] = new_name
     if cluster is not None:
