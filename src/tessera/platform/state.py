@@ -323,10 +323,7 @@ class StateDB:
 
     def resumptions_of(self, run_ids: list[str]) -> dict[str, list[ResumptionRecord]]:
         """The resumptions of many runs in a few queries (a page of `run list`, not one query per run)."""
-        out: dict[str, list[ResumptionRecord]] = {i: [] for i in run_ids}
-        for row in self._rows_of("resumptions", run_ids, "run_id, idx"):
-            out[row["run_id"]].append(_row(ResumptionRecord, row))
-        return out
+        return self._records_of(ResumptionRecord, "resumptions", run_ids, "run_id, idx")
 
     def current_resumption(self, run_id: str) -> ResumptionRecord | None:
         row = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx DESC LIMIT 1",
@@ -351,17 +348,17 @@ class StateDB:
 
     def events_of(self, run_ids: list[str]) -> dict[str, list[EventRecord]]:
         """The events of many runs in a few queries (see `resumptions_of`)."""
-        out: dict[str, list[EventRecord]] = {i: [] for i in run_ids}
-        for row in self._rows_of("events", run_ids, "run_id, id"):
-            out[row["run_id"]].append(_row(EventRecord, row))
-        return out
+        return self._records_of(EventRecord, "events", run_ids, "run_id, id")
 
-    def _rows_of(self, table: str, run_ids: list[str], order: str) -> Iterator[sqlite3.Row]:
-        """Rows of `table` for `run_ids`, in chunks that stay under SQLite's limit on bound variables."""
+    def _records_of(self, cls: type, table: str, run_ids: list[str], order: str) -> dict[str, list[Any]]:
+        """run id -> its rows of `table`, queried in chunks under SQLite's limit on bound variables."""
+        out: dict[str, list[Any]] = {i: [] for i in run_ids}
         for start in range(0, len(run_ids), _CHUNK):
             chunk = run_ids[start:start + _CHUNK]
-            yield from self.conn.execute(f"SELECT * FROM {table} WHERE run_id IN ({', '.join('?' * len(chunk))}) "
-                                         f"ORDER BY {order}", chunk)
+            for row in self.conn.execute(f"SELECT * FROM {table} WHERE run_id IN ({', '.join('?' * len(chunk))}) "
+                                         f"ORDER BY {order}", chunk):
+                out[row["run_id"]].append(_row(cls, row))
+        return out
 
     # --- nodes ------------------------------------------------------------------------------------
 
