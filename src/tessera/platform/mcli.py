@@ -8,7 +8,8 @@ retry_on_system_failure, max_retries, max_duration (hours), resumable}, `metadat
 Tessera cannot honour (an inference `dependent_deployment`, pinned `node_names`) are refused by name
 rather than dropped, and so is any unknown key, so a typo never silently changes a run.
 
-Tessera keeps MCLI's defaults where they differ from its own: no retries unless `scheduling` asks.
+Tessera keeps MCLI's defaults where they differ from its own: no retries unless `scheduling` asks, and
+every secret goes to the run (`all_secrets`), since MCLI's YAML has no list of them.
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ _REFUSED = {
     "optimization_level": "MCLI deprecated `optimization_level`; remove it",
     "parent_name": "runs have no parent in Tessera; remove it",
     "node_names": "Tessera places nodes itself (it excludes faulty ones); remove compute.node_names",
+    "secrets": "an MCLI run gets every secret (`tessera secret create ...`), as on MCLI; remove it",
 }
+_MEANT = {"env": "env_variables", "environment": "env_variables", "gpus": "gpu_num", "num_gpus": "gpu_num",
+          "nodes": "compute", "gpus_per_node": "compute"}
 _INTEGRATIONS = ("git_repo", "pip_packages", "apt_packages")
 _TRACKERS = {"wandb": "WANDB_PROJECT, WANDB_ENTITY", "comet_ml": "COMET_PROJECT_NAME, COMET_WORKSPACE",
              "mlflow": "MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME"}
@@ -87,7 +91,8 @@ def _unknown(keys: set[str], known: tuple[str, ...], where: str, problems: _Prob
         if key in _REFUSED:
             problems.add(name, f"not supported: {_REFUSED[key]}")
             continue
-        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        close = [_MEANT[key]] if key in _MEANT and _MEANT[key] in known else difflib.get_close_matches(
+            str(key), known, n=1, cutoff=0.6)
         hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
         problems.add(name, f"unknown key (MCLI run YAML; {hint})")
 
@@ -248,7 +253,7 @@ def to_spec_dict(data: dict[str, Any], source: str = "run spec") -> tuple[dict[s
         "compute": _compute(data, problems), "env": env_from_mcli(data.get("env_variables"), problems),
         "scheduling": _scheduling(data.get("scheduling"), problems),
         "integrations": _integrations(data.get("integrations"), problems),
-        "parameters": parameters, "metadata": metadata,
+        "parameters": parameters, "metadata": metadata, "all_secrets": True,
     }
     if data.get("image") is not None:
         spec["image"] = data["image"]

@@ -229,6 +229,8 @@ class RunSpec(_Model):
     compute: Compute = Field(default_factory=Compute)
     env: Annotated[dict[str, str], BeforeValidator(_stringify)] = Field(default_factory=dict)
     secrets: list[str] = Field(default_factory=list)
+    all_secrets: bool = Field(False, description="Every secret of the platform home (a team's, on a server) "
+                                                 "goes to the run, as MCLI does; `secrets` is then ignored.")
     scheduling: Scheduling = Field(default_factory=Scheduling)
     parameters: dict[str, Any] = Field(default_factory=dict)
     integrations: list[Integration] = Field(default_factory=list, max_length=MAX_INTEGRATIONS,
