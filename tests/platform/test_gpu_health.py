@@ -200,43 +200,59 @@ def test_preflight_step_only_for_runs_that_ask_for_gpus() -> None:
 
 
 def _command(bin_env: dict[str, str], *preflight_args: str) -> str:
-    """The pre-flight as the first part of the command (what the launcher's prelude step does), then
-    the 'training'."""
+    """The pre-flight as the first part of the command, then the 'training': on the virtual Slurm nodes,
+    which have no GRES, a spec cannot ask for GPUs, so the launcher's prelude never runs the pre-flight."""
     folder = '"$(dirname "$TESSERA_HEARTBEAT")"'
     return (f"export PATH={bin_env['PATH'].split(':')[0]}:$PATH FAKE_GPU_DIR={bin_env['FAKE_GPU_DIR']}\n"
             f"{sys.executable} {PREFLIGHT_SCRIPT} --out {folder} {' '.join(preflight_args)} || exit $?\n"
             "echo trained on ${SLURMD_NODENAME:-local}\n")
 
 
-def test_local_gpu_fault_fails_the_run_with_the_reason(platform: Platform, tmp_path: Path) -> None:
-    scenarios = tmp_path / "scenarios"
-    env = install(tmp_path / "bin", scenarios)
-    write_scenario(scenarios, "default", gpus=1, ecc=4)
-    platform.create_run({"name": "sickgpu", "command": _command(env, "--gpus", "1", "--no-allreduce")})
-    run = platform.wait_for_run_status("sickgpu", "FAILED", timeout=TIMEOUT)
+@pytest.mark.parametrize("sick", [False, True])
+def test_local_run_asking_for_gpus_runs_the_preflight_first(sick: bool, platform: Platform, fake_gpus: Path) -> None:
+    """The launcher's prelude runs the pre-flight before the command. A fault cannot be excluded on the
+    one-node local cluster: the run fails at once with the reason, and the command never starts."""
+    write_scenario(fake_gpus, "default", gpus=1, **({"ecc": 4} if sick else {}))
+    platform.create_run({"name": "gpurun", "command": "echo trained",
+                         "compute": {"gpus_per_node": 1, "gpu_type": "a100_40gb"}})
+    run = platform.wait_for_run_status("gpurun", "FAILED" if sick else "COMPLETED", timeout=TIMEOUT)
     [res] = run.resumptions
-    assert (res.outcome, res.exit_code) == ("node_fault", PREFLIGHT_FAULT_EXIT)
+    log = "\n".join(platform.follow_logs("gpurun", follow=False))
+    assert read_preflight(Path(res.folder))[0]["verdict"] == ("fault" if sick else "ok")
+    if not sick:
+        assert "1 GPU(s) healthy" in log and "trained" in log
+        return
+    assert (res.outcome, res.exit_code) == ("node_fault", PREFLIGHT_FAULT_EXIT) and "trained" not in log
     assert "GPU pre-flight failed" in res.detail and "4 uncorrectable ECC" in res.detail
     assert "no other node" in res.detail and run.failure_kind == "node_fault"
-    assert "uncorrectable ECC" in (run.first_error or "")
-    assert read_preflight(Path(res.folder))[0]["verdict"] == "fault"
+    assert "4 uncorrectable ECC" in (run.first_error or "")
+
+
+def _has_gpus(cluster: SlurmCluster) -> bool:
+    """Whether the virtual nodes declare GPUs (GRES), so that a spec may ask for them."""
+    return "gpu:" in cluster.run("sinfo", "-N", "-h", "-o", "%G")
 
 
 def test_slurm_node_failing_preflight_is_excluded_and_the_run_completes(
-        platform: Platform, slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+        platform: Platform, slurm_cluster: SlurmCluster, fake_gpus: Path, tmp_path: Path) -> None:
     """Two nodes; the fake reports an uncorrectable ECC error on the first node to ask it (one of the first
-    job's). Its pre-flight fails, the node is excluded, and the run restarts on healthy nodes."""
+    job's). Its pre-flight fails, the node is excluded, and the run restarts on healthy nodes. With GPUs
+    declared on the virtual nodes (GRES) the spec asks for them and the launcher's prelude runs the
+    pre-flight; without, the command runs it first."""
     slurm_cluster.add_to(platform)
-    scenarios = tmp_path / "scenarios"
-    env = install(tmp_path / "bin", scenarios)
-    write_scenario(scenarios, "default")
-    write_scenario(scenarios, "faulty", ecc=2)
-    (scenarios / "claim").unlink(missing_ok=True)
-    platform.create_run({"name": "gpuslurm", "command": _command(env, "--gpus", "2", "--gpu-type", "a100_40gb",
-                                                                  "--no-allreduce"),
-                         "compute": {"cluster": "slurm", "nodes": 2}, "scheduling": {"max_retries": 0}})
+    write_scenario(fake_gpus, "default")
+    write_scenario(fake_gpus, "faulty", ecc=2)
+    compute = {"cluster": "slurm", "nodes": 2}
+    if _has_gpus(slurm_cluster):
+        compute.update(gpus_per_node=2, gpu_type="a100_40gb", procs_per_node=1)
+        command = "echo trained on $SLURMD_NODENAME"
+    else:
+        env = {"PATH": str(tmp_path / "bin"), "FAKE_GPU_DIR": str(fake_gpus)}
+        command = _command(env, "--gpus", "2", "--gpu-type", "a100_40gb", "--no-allreduce")
+    platform.create_run({"name": "gpuslurm", "command": command, "compute": compute,
+                         "scheduling": {"max_retries": 0}})
     run = platform.wait_for_run_status("gpuslurm", "COMPLETED", timeout=TIMEOUT)
-    sick = (scenarios / "claim").read_text().strip()
+    sick = (fake_gpus / "claim").read_text().strip()
     first, second = run.resumptions
     assert sick in first.nodes and first.outcome == "node_fault"
     assert f"GPU pre-flight failed on node {first.nodes.index(sick)} ({sick})" in first.detail

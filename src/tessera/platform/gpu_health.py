@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.platform.clusters.gpu_preflight import FAULT_EXIT, HARDWARE_XIDS, XID_LINE
+from tessera.platform.spec import RunSpec
 
 PREFLIGHT_SCRIPT = Path(__file__).parent / "clusters" / "gpu_preflight.py"
 PREFLIGHT_FAULT_EXIT = FAULT_EXIT
@@ -102,24 +103,19 @@ def preflight_faults(preflight: dict[int, dict[str, Any]]) -> dict[int, GpuFault
             for rank, body in sorted(preflight.items()) if body.get("verdict") == "fault"}
 
 
-def wants_preflight(spec: Any) -> bool:
-    return int(getattr(spec.compute, "gpus_per_node", 0) or 0) > 0
-
-
-def preflight_argv(spec: Any) -> list[str]:
+def preflight_argv(spec: RunSpec) -> list[str]:
     """The pre-flight's arguments for `spec` (after `python gpu_preflight.py`)."""
     argv = ["--gpus", str(spec.compute.gpus_per_node)]
-    gpu_type = getattr(spec.compute, "gpu_type", None)
-    if gpu_type:
-        argv += ["--gpu-type", str(gpu_type)]
+    if spec.compute.gpu_type:
+        argv += ["--gpu-type", spec.compute.gpu_type]
     return argv
 
 
-def preflight_step(spec: Any) -> dict[str, Any] | None:
+def preflight_step(spec: RunSpec) -> dict[str, Any] | None:
     """The prelude step that runs the pre-flight on each node before the command, or None when the run
     asks for no GPUs. The launcher runs `argv` in the resumption folder (where `files` are copied) with
     the node's python in place of "{python}"; a step exiting `fault_exit` is a node fault, not the run's."""
-    if not wants_preflight(spec):
+    if spec.compute.gpus_per_node <= 0:
         return None
     return {"name": "gpu-preflight", "argv": ["{python}", PREFLIGHT_SCRIPT.name, *preflight_argv(spec)],
             "env": {}, "files": {PREFLIGHT_SCRIPT.name: str(PREFLIGHT_SCRIPT)}, "fault_exit": PREFLIGHT_FAULT_EXIT}

@@ -215,6 +215,9 @@ def check_allreduce(args, faults, notes, rows):
     if args.no_allreduce or len(rows) < 2:
         notes.append("all-reduce skipped (fewer than 2 GPUs)" if not args.no_allreduce else "all-reduce skipped")
         return
+    if not os.path.exists("/proc/driver/nvidia/version"):
+        notes.append("all-reduce skipped: no NVIDIA kernel driver loaded (/proc/driver/nvidia/version)")
+        return
     probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
     code, _, _ = _run([sys.executable, "-c", probe], args.timeout)
     if code != 0:
@@ -265,10 +268,11 @@ def preflight(args, env):
     body.update(verdict="fault" if faults else "ok", reason=faults[0] if faults else None, faults=faults,
                 notes=notes, gpus=[{k: r[k] for k in ("index", "pci.bus_id", "name")} for r in rows])
     _write_json(os.path.join(args.out, f"node-{rank}.preflight.json"), body)
-    for line in faults:
-        print(f"tessera gpu-preflight: node {node} FAULT: {line}", file=sys.stderr, flush=True)
     for line in notes:
         print(f"tessera gpu-preflight: node {node}: {line}", file=sys.stderr, flush=True)
+    # The launcher reports a failed step by its last line: the first fault comes last.
+    for line in faults[1:] + faults[:1]:
+        print(f"tessera gpu-preflight: node {node} FAULT: {line}", file=sys.stderr, flush=True)
     if not faults:
         print(f"tessera gpu-preflight: node {node}: {len(rows)} GPU(s) healthy", file=sys.stderr, flush=True)
     return FAULT_EXIT if faults else 0
