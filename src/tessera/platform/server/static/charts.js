@@ -1,0 +1,55 @@
+// The run page's four plots, fed by /runs/NAME/metrics?after=N: rows arrive once each and are kept here.
+// Key names differ between writers ("loss/train" or "train/loss", "lr" or "lr/opt0"), so each plot
+// takes every numeric key its pattern matches, one line per key.
+
+import { api, runPath } from "./api.js";
+import { h, s } from "./dom.js";
+import { linePlot } from "./plot.js";
+
+const PLOTS = [
+  { id: "loss-plot", title: "Loss", match: (key) => /(^|\/)loss($|\/)/.test(key) },
+  { id: "lr-plot", title: "Learning rate", match: (key) => key === "lr" || key.startsWith("lr/") },
+  { id: "throughput-plot", title: "Throughput (tokens/s)", match: (key) => key === "throughput/tokens_per_sec" },
+  { id: "mfu-plot", title: "MFU", match: (key) => key === "throughput/mfu" || key === "mfu" },
+];
+const MAX_ROWS = 20000;
+
+export class Charts {
+  constructor(name) {
+    this.name = name;
+    this.rows = [];
+    this.next = 0;
+    this.svgs = PLOTS.map((plot) => s("svg", { id: plot.id, class: "plot", role: "img", "aria-label": plot.title }));
+    this.element = h("section", { class: "card" },
+      h("div", { class: "card-head" }, h("h2", {}, "Metrics")),
+      h("div", { class: "plots" }, PLOTS.map((plot, i) => h("figure", {}, h("figcaption", {}, plot.title),
+        this.svgs[i]))));
+    this.draw();
+  }
+
+  async poll() {
+    const data = await api(`${runPath(this.name)}/metrics?after=${this.next}`);
+    this.next = data.next;
+    if (data.rows.length === 0 && this.rows.length > 0) return;
+    this.rows.push(...data.rows);
+    if (this.rows.length > MAX_ROWS) this.rows.splice(0, this.rows.length - MAX_ROWS);
+    this.draw();
+  }
+
+  draw() {
+    PLOTS.forEach((plot, i) => linePlot(this.svgs[i], seriesOf(this.rows, plot.match)));
+  }
+}
+
+function seriesOf(rows, match) {
+  const byKey = new Map();
+  rows.forEach((row, i) => {
+    const x = Number.isFinite(row.step) ? row.step : i;
+    for (const [key, value] of Object.entries(row)) {
+      if (typeof value !== "number" || !match(key)) continue;
+      if (!byKey.has(key)) byKey.set(key, []);
+      byKey.get(key).push([x, value]);
+    }
+  });
+  return Array.from(byKey, ([label, points]) => ({ label, points }));
+}

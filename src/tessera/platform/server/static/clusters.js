@@ -1,0 +1,91 @@
+// #/clusters: each cluster of the team with its provider, GPU types, nodes (state, health, exclusions)
+// and what runs where: the active runs, placed on the nodes of their newest resumption.
+
+import { api, runPath } from "./api.js";
+import { clear, every, h, hideBanner, statusBadge } from "./dom.js";
+
+const MAX_PLACED_RUNS = 50;   // runs whose nodes are looked up; beyond that they are listed only
+
+export function clustersPage(view) {
+  const list = h("div", { id: "clusters", class: "stack" });
+  clear(view).append(h("div", { class: "page-head" }, h("h1", {}, "Clusters")), list);
+  return every(5000, async () => {
+    const data = await api("/clusters");
+    const clusters = Array.isArray(data) ? data : data.clusters || [];
+    const details = await Promise.all(clusters.map((c) => describe(c.name)));
+    const placements = await placeRuns(details);
+    clear(list).append(...clusters.map((c, i) => clusterCard(c, details[i], placements)));
+    if (clusters.length === 0) list.append(h("p", { class: "muted" }, "No clusters."));
+    hideBanner();
+  });
+}
+
+async function describe(name) {
+  try {
+    return await api(`/clusters/${encodeURIComponent(name)}`);
+  } catch (error) {
+    return { error: error.message };
+  }
+}
+
+// node key "cluster/node" -> [run names], from each active run's newest resumption.
+async function placeRuns(details) {
+  const names = details.flatMap((d) => d.active_runs || []).slice(0, MAX_PLACED_RUNS);
+  const runs = await Promise.all(names.map((name) => api(runPath(name)).catch(() => null)));
+  const where = new Map();
+  for (const run of runs.filter(Boolean)) {
+    const last = run.resumptions[run.resumptions.length - 1];
+    for (const node of last ? last.nodes || [] : []) {
+      const key = `${run.cluster}/${node}`;
+      if (!where.has(key)) where.set(key, []);
+      where.get(key).push(run);
+    }
+  }
+  return where;
+}
+
+function clusterCard(cluster, detail, placements) {
+  const facts = [
+    ["Provider", cluster.provider || cluster.type || "-"],
+    ["GPU types", listText(cluster.gpu_types)],
+    ["GPUs", cluster.gpus ?? "-"],
+    ["Instance", cluster.instance || "-"],
+  ];
+  return h("section", { class: "card cluster", "data-cluster": cluster.name },
+    h("div", { class: "card-head" }, h("h2", {}, cluster.name), h("span", { class: "spacer" }),
+      activeRuns(detail)),
+    h("dl", { class: "facts inline" }, facts.flatMap(([t, v]) => [h("dt", {}, t), h("dd", {}, String(v))])),
+    detail.error ? h("p", { class: "error-text" }, detail.error) : nodeTable(cluster.name, detail, placements));
+}
+
+function listText(value) {
+  if (Array.isArray(value)) return value.length ? value.join(", ") : "-";
+  return value || "-";
+}
+
+function activeRuns(detail) {
+  const names = detail.active_runs || [];
+  if (names.length === 0) return h("span", { class: "muted" }, "no active runs");
+  return h("span", {}, `${names.length} active: `,
+    names.map((name, i) => [i ? ", " : "", h("a", { href: `#/runs/${encodeURIComponent(name)}` }, name)]));
+}
+
+function nodeTable(clusterName, detail, placements) {
+  if (!Array.isArray(detail.nodes)) return h("p", { class: "muted" }, `Nodes: ${detail.nodes || "unknown"}`);
+  if (detail.nodes.length === 0) return h("p", { class: "muted" }, "No nodes reported.");
+  return h("table", { class: "table compact nodes" },
+    h("thead", {}, h("tr", {}, ["Node", "State", "Health", "Faults", "Runs"].map((c) => h("th", {}, c)))),
+    h("tbody", {}, detail.nodes.map((node) => h("tr", {},
+      h("td", {}, node.name),
+      h("td", {}, node.state || "-"),
+      h("td", {}, health(node)),
+      h("td", { class: "num" }, String(node.faults ?? 0)),
+      h("td", {}, (placements.get(`${clusterName}/${node.name}`) || []).map((run) => h("span", { class: "placed" },
+        h("a", { href: `#/runs/${encodeURIComponent(run.name)}` }, run.name), " ", statusBadge(run.status))))))));
+}
+
+function health(node) {
+  if (node.excluded) return h("span", { class: "bad" }, `excluded${node.reason ? `: ${node.reason}` : ""}`);
+  if (node.healthy === false) return h("span", { class: "bad" }, node.reason || "unhealthy");
+  return h("span", { class: "good" }, "healthy");
+}

@@ -1,0 +1,237 @@
+"""The web console in a real browser: Debian's chromium (scripts/chromium-up.sh) driven by Playwright,
+against a real `tessera server start` subprocess whose team runs go to the local cluster.
+
+A user logs in with `/?api_key=K` (the key leaves the address bar), sees the run in the runs table, opens
+it, watches its log lines arrive over the live stream and its loss plot draw, clones it through the
+dialog, and stops another run with the Stop button. The run's script waits for a file the test creates
+only after the browser showed its first lines, so "live" is proven by order, not by timing.
+The screenshot goes to docs/console.png when TESSERA_UPDATE_SCREENSHOT=1, else to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tessera.platform.clusters.local import free_port
+from tessera.platform.server.db import migrate
+from tessera.platform.server.settings import ServerSettings
+from tessera.platform.supervisor import stop_supervisor
+
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+expect = sync_api.expect
+
+ROOT = Path(__file__).resolve().parents[2]
+PYTHON = sys.executable
+WAIT_MS = 15_000
+
+# Prints training lines and reports their metrics to $TESSERA_METRICS; after step 12 it waits for the
+# test's go-ahead file, then prints the rest. The tokenizer line holds text an HTML parser would eat.
+JOB = """\
+import json, math, os, pathlib, sys, time
+go = pathlib.Path(sys.argv[1])
+print("tokenizer: gpt-neox-20b, special tokens <|endoftext|> <pad>", flush=True)
+def train(first, last):
+    for i in range(first, last + 1):
+        row = {"step": i, "loss/train": 0.6 + 3.5 * math.exp(-i / 9), "lr": 3e-4 * min(1, i / 6),
+               "throughput/tokens_per_sec": 41000 + 900 * math.sin(i / 3),
+               "throughput/mfu": 0.41 + 0.01 * math.cos(i / 4)}
+        print(f"[batch={i}/40] train/loss: {row['loss/train']:.4f}  lr: {row['lr']:.2e}  "
+              f"tok/s: {row['throughput/tokens_per_sec']:,.0f}  mfu: {row['throughput/mfu']:.1%}", flush=True)
+        with open(os.environ["TESSERA_METRICS"], "a") as f:
+            f.write(json.dumps(row) + "\\n")
+train(1, 12)
+while not go.exists():
+    time.sleep(0.05)
+print("checkpoint: saved ep0-ba12-rank0.pt", flush=True)
+train(13, 40)
+print("training done", flush=True)
+"""
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "tessera.cli.main", *args], capture_output=True, text=True, env=env,
+                          timeout=60)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "chromium-up.sh")], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        pytest.skip(f"BROWSER TEST SKIPPED: scripts/chromium-up.sh could not provide chromium: "
+                    f"{done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
+    return done.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]:
+    """`tessera server start` on a free port with alice (team red); yields url, key, home, folder."""
+    folder = tmp_path_factory.mktemp("console")
+    home = folder / "server"
+    env = {**os.environ, "TESSERA_HOME": str(folder / "tessera"), "TESSERA_SUPERVISOR_POLL": "0.2",
+           "TESSERA_SUPERVISOR_IDLE": "30", "TESSERA_RETRY_BACKOFF": "0"}
+    for name in ("TESSERA_API_URL", "TESSERA_API_KEY", "TESSERA_DB_URL"):
+        env.pop(name, None)
+    # The two CLI processes below start together (each takes seconds to import); each migrates the database
+    # first, and two first migrations of one SQLite file at once would race: so it exists before they start.
+    migrate(ServerSettings.resolve(home=home, db_url=f"sqlite:///{home / 'server.db'}").db_url)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(folder / "server.log", "wb")
+    proc = subprocess.Popen([PYTHON, "-m", "tessera.cli.main", "server", "start", "--port", str(port),
+                             "--home", str(home)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    made = _cli("server", "admin", "create-user", "alice", "--team", "red", "--home", str(home), env=env)
+    key = made.stdout.strip()
+    try:
+        assert made.returncode == 0, made.stderr
+        _wait_healthy(url, proc, folder / "server.log")
+        yield {"url": url, "key": key, "home": home, "folder": folder}
+    finally:
+        _stop_active_runs(url, key)
+        proc.terminate()
+        proc.wait(timeout=20)
+        log.close()
+        stop_supervisor(home / "teams" / "red")
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"the server exited ({proc.returncode}): {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/api/v1/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"the server did not answer /api/v1/health within 30 s: {log.read_text()[-2000:]}")
+
+
+def _stop_active_runs(url: str, key: str) -> None:
+    """A failed test must not leave `sleep` runs behind: stop what is still active."""
+    try:
+        runs = httpx.get(f"{url}/api/v1/runs", headers=_auth(key), timeout=5).json()["runs"]
+        for run in runs:
+            if run["status"] not in ("COMPLETED", "FAILED", "STOPPED"):
+                httpx.post(f"{url}/api/v1/runs/{run['name']}/stop", headers=_auth(key), timeout=10)
+    except httpx.HTTPError:
+        pass
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _submit(server: dict[str, object], name: str, command: str) -> None:
+    answer = httpx.post(f"{server['url']}/api/v1/runs", headers=_auth(str(server["key"])), timeout=30,
+                        json={"spec": {"name": name, "command": command}})
+    assert answer.status_code == 201, answer.text
+
+
+def _status(server: dict[str, object], name: str) -> str:
+    answer = httpx.get(f"{server['url']}/api/v1/runs/{name}", headers=_auth(str(server["key"])), timeout=10)
+    return answer.json()["status"]
+
+
+@pytest.fixture(scope="module")
+def browser(chromium: str) -> Iterator[object]:
+    with sync_api.sync_playwright() as playwright:
+        instance = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        yield instance
+        instance.close()
+
+
+@pytest.fixture
+def page(browser):  # type: ignore[no-untyped-def]
+    context = browser.new_context(viewport={"width": 1280, "height": 1000})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    yield page
+    context.close()
+    assert not errors, f"the page raised: {errors}"
+
+
+def _screenshot_path(folder: Path) -> Path:
+    if os.environ.get("TESSERA_UPDATE_SCREENSHOT") == "1":
+        return ROOT / "docs" / "console.png"
+    return folder / "console.png"
+
+
+def test_run_appears_logs_stream_and_loss_plot_draws(server, page) -> None:  # type: ignore[no-untyped-def]
+    folder = Path(str(server["folder"]))
+    script, go = folder / "job.py", folder / "go"
+    script.write_text(JOB)
+    _submit(server, "gpt-125m-demo", f"{PYTHON} {script} {go}")
+
+    page.goto(f"{server['url']}/?api_key={server['key']}")
+    expect(page.locator("#runs-table")).to_contain_text("gpt-125m-demo", timeout=WAIT_MS)
+    assert "api_key" not in page.url                 # the key left the address bar (history, screenshots)
+    assert page.evaluate("sessionStorage.getItem('tessera.apiKey')") == server["key"]
+
+    page.locator("#runs-table a", has_text="gpt-125m-demo").click()
+    expect(page.locator("#run-title")).to_have_text("gpt-125m-demo")
+    log = page.locator("#log-view")
+    expect(log).to_contain_text("[batch=12/40]", timeout=WAIT_MS)
+    expect(log).to_contain_text("special tokens <|endoftext|> <pad>")
+    assert page.locator("#log-view *").count() == 0   # a log line is text, never markup
+    expect(page.locator("#loss-plot path.plot-line")).to_have_count(1, timeout=WAIT_MS)
+
+    go.touch()   # only now does the run print its last lines: the open stream must deliver them
+    expect(log).to_contain_text("checkpoint: saved ep0-ba12-rank0.pt", timeout=WAIT_MS)
+    expect(log).to_contain_text("training done", timeout=WAIT_MS)
+    expect(page.locator("#run-status")).to_have_text("COMPLETED", timeout=WAIT_MS)
+    expect(page.locator("#log-state")).to_have_text("run ended", timeout=WAIT_MS)
+    expect(page.locator("#resumption-timeline")).to_contain_text("submitted")
+    # all 40 metric rows drawn: the loss line ends at step 40 (the x axis' last label)
+    expect(page.locator("#loss-plot")).to_contain_text("40", timeout=WAIT_MS)
+    assert page.locator("#loss-plot path.plot-line").get_attribute("d").count("L") >= 39
+    for plot in ("#lr-plot", "#throughput-plot", "#mfu-plot"):
+        expect(page.locator(f"{plot} path.plot-line")).to_have_count(1)
+    page.locator("#log-view").evaluate("el => { el.scrollTop = 0; }")
+    page.screenshot(path=str(_screenshot_path(folder)), full_page=True)
+
+    page.locator("#clone-button").click()
+    page.locator("#ask-input").fill("gpt-125m-demo-2")
+    page.locator("#ask-ok").click()
+    expect(page.locator("#run-title")).to_have_text("gpt-125m-demo-2", timeout=WAIT_MS)
+    assert _status(server, "gpt-125m-demo-2") in ("PENDING", "QUEUED", "STARTING", "RUNNING", "COMPLETED")
+
+
+def test_stop_button_stops_a_running_run(server, page) -> None:  # type: ignore[no-untyped-def]
+    _submit(server, "long-sleeper", "echo sleeping; sleep 300")
+    page.goto(f"{server['url']}/?api_key={server['key']}#/clusters")
+    # what runs where: the local cluster's node lists the run
+    expect(page.locator("[data-cluster=local] table")).to_contain_text("long-sleeper", timeout=WAIT_MS)
+    page.locator("[data-cluster=local] a", has_text="long-sleeper").first.click()
+    status = page.locator("#run-status")
+    expect(status).to_have_text("RUNNING", timeout=WAIT_MS)
+    page.locator("#stop-button").click()
+    expect(status).to_have_text("STOPPED", timeout=WAIT_MS)
+    assert _status(server, "long-sleeper") == "STOPPED"   # the server's record, not only the page
+    expect(page.locator("#stop-button")).to_be_disabled()
+
+
+def test_login_form_refuses_a_wrong_key_and_accepts_the_right_one(server, page) -> None:  # type: ignore[no-untyped-def]
+    page.goto(str(server["url"]))
+    page.locator("#login-key").fill("tsk_wrong")
+    page.locator("#login-form button").click()
+    expect(page.locator("#banner")).to_contain_text("refused", timeout=WAIT_MS)
+    expect(page.locator("#login-form")).to_be_visible()
+    page.locator("#login-key").fill(str(server["key"]))
+    page.locator("#login-form button").click()
+    expect(page.locator("#runs-table")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#whoami")).to_contain_text("alice")
+    page.locator("#logout-button").click()
+    expect(page.locator("#login-form")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('tessera.apiKey')") is None
