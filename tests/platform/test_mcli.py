@@ -250,3 +250,19 @@ def test_local_images_go_to_podman_or_docker_by_name_only_and_can_be_required(tm
     with pytest.raises(ClusterError, match="requires images"):
         LocalBackend("strict", {"require_image": True, "container_runtime": "none"}).check(request.spec)
     LocalBackend("lenient", {"container_runtime": "none"}).check(request.spec)   # runs on the host instead
+
+
+def test_pods_run_the_prelude_once_before_the_ranks_as_a_shell_script(tmp_path: Path) -> None:
+    from tessera.platform.clusters.kubernetes import build_manifests
+
+    spec = to_run_spec({"run_name": "pod", "command": "python train.py", "gpu_num": 2, "image": "img:1",
+                        "integrations": [{"integration_type": "git_repo", "git_repo": "org/repo", "ssh_clone": True}]})
+    request = LaunchRequest("id", "pod", 0, tmp_path / "r0", spec, {"RUN_NAME": "pod"},
+                            prelude=prelude_steps(spec), node_workdir=node_workdir(spec))
+    (job,) = [m for m in build_manifests(request, {}) if m["kind"] == "Job"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[:2] == ["bash", "-c"] and command[3:5] == ["tessera-prelude", "torchrun"]
+    script = command[2]
+    assert "git clone -- git@github.com:org/repo.git repo" in script and script.endswith('exec "$@"')
+    assert "GIT_SSH_COMMAND" in script   # MCLI's default host-key policy unless a git-ssh secret set one
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0

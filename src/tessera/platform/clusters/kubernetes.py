@@ -34,6 +34,7 @@ from tessera.platform.clusters.base import (
     NodeExit,
     NodeInfo,
 )
+from tessera.platform.clusters.prelude_shell import prelude_script
 from tessera.platform.errors import ClusterError
 from tessera.platform.spec import RunSpec
 
@@ -121,6 +122,9 @@ def build_manifests(request: LaunchRequest, config: dict[str, Any]) -> list[dict
     if per_node > 1:
         command = ["torchrun", f"--nnodes={nodes}", "--node-rank=$(NODE_RANK)", f"--nproc-per-node={per_node}",
                    "--master-addr=$(MASTER_ADDR)", "--master-port=$(MASTER_PORT)", "--no-python", *command]
+    prelude = prelude_script(request.prelude, request.node_workdir)
+    if prelude:   # once per pod, before torchrun starts the ranks
+        command = ["bash", "-c", prelude + 'exec "$@"', "tessera-prelude", *command]
     resources: dict[str, dict[str, Any]] = {}
     if spec.compute.cpus_per_node:
         resources.setdefault("requests", {})["cpu"] = str(spec.compute.cpus_per_node)
