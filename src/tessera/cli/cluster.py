@@ -1,16 +1,28 @@
-"""`tessera cluster add|list|describe|remove`: the places runs go."""
+"""`tessera cluster add|list|describe|remove|clear-node`: the places runs go, on the platform `connect()`
+picks (a team's server, or this machine), with the same output either way."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
+from tessera.platform.client import RemotePlatform
+from tessera.platform.connect import connect
 
 app = typer.Typer(help="Register clusters (local, slurm, kubernetes) and look at their nodes.", no_args_is_help=True)
+
+
+def _platform() -> Platform | RemotePlatform:
+    try:
+        return connect()
+    except PlatformError as exc:
+        fail(exc)
+        raise   # not reached: fail() exits
 
 
 @app.command("add")
@@ -30,27 +42,51 @@ def add(name: str = typer.Argument(..., help="Cluster name (used as compute.clus
         replace: bool = typer.Option(False, "--replace", help="Overwrite a cluster of the same name.")) -> None:
     """Register a cluster."""
     try:
-        cfg = Platform().add_cluster(name, type_, replace=replace, partition=partition, account=account,
-                                     slurm_conf=slurm_conf, master_addr=master_addr, python=python,
-                                     namespace=namespace, image=image, kubeconfig=kubeconfig, context=context,
-                                     host=host)
+        cfg = _platform().add_cluster(name, type_, replace=replace, partition=partition, account=account,
+                                       slurm_conf=slurm_conf, master_addr=master_addr, python=python,
+                                       namespace=namespace, image=image, kubeconfig=kubeconfig, context=context,
+                                       host=host)
     except PlatformError as exc:
         fail(exc)
     err.print(f"added cluster {name} ({cfg['type']})")
 
 
+def overview(platform: Platform | RemotePlatform, entry: dict[str, Any]) -> dict[str, Any]:
+    """A cluster as MCLI's `get clusters` shows it (provider, GPU types, GPUs, instance, nodes), from its
+    settings and what `describe_cluster` reads of its real state now. A cluster that cannot be read has
+    no node count rather than failing the whole list."""
+    try:
+        info = platform.describe_cluster(entry["name"])
+    except PlatformError as exc:
+        info = {"nodes": f"unavailable: {exc}"}
+    nodes = info.get("nodes")
+    node_list = nodes if isinstance(nodes, list) else []
+    gpu_types = info.get("gpu_types") or sorted({n["gpu_type"] for n in node_list if n.get("gpu_type")})
+    gpus = info.get("gpus")
+    if gpus is None and any(n.get("gpus") is not None for n in node_list):
+        gpus = sum(n.get("gpus") or 0 for n in node_list)
+    return {**entry, "provider": entry["type"], "gpu_types": list(gpu_types), "gpus": gpus,
+            "instance": info.get("instance"), "nodes": len(node_list) if isinstance(nodes, list) else None,
+            "active_runs": len(info.get("active_runs") or [])}
+
+
 @app.command("list")
 def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object per line.")) -> None:
-    """List clusters ('local', this machine, always exists)."""
-    clusters = Platform().list_clusters()
+    """List clusters as MCLI's `get clusters` does ('local', this machine, always exists)."""
+    platform = _platform()
+    try:
+        rows = [overview(platform, c) for c in platform.list_clusters()]
+    except PlatformError as exc:
+        fail(exc)
     if as_json:
-        for c in clusters:
-            typer.echo(json.dumps(c))
+        for row in rows:
+            typer.echo(json.dumps(row))
         return
-    table = Table("NAME", "TYPE", "SETTINGS")
-    for c in clusters:
-        settings = ", ".join(f"{k}={v}" for k, v in c.items() if k not in ("name", "type"))
-        table.add_row(c["name"], c["type"], settings)
+    table = Table("NAME", "PROVIDER", "GPU TYPES", "GPUS", "INSTANCE", "NODES", "ACTIVE RUNS")
+    for row in rows:
+        table.add_row(row["name"], row["provider"], ", ".join(row["gpu_types"]) or "-",
+                      "-" if row["gpus"] is None else str(row["gpus"]), row["instance"] or "-",
+                      "?" if row["nodes"] is None else str(row["nodes"]), str(row["active_runs"]))
     out.print(table)
 
 
@@ -58,7 +94,7 @@ def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object pe
 def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Show a cluster's settings, nodes (health, faults, exclusion) and active runs."""
     try:
-        info = Platform().describe_cluster(name)
+        info = _platform().describe_cluster(name)
     except PlatformError as exc:
         fail(exc)
     if as_json:
@@ -82,7 +118,7 @@ def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Prin
 def remove(name: str) -> None:
     """Forget a cluster (refused while runs are active on it)."""
     try:
-        Platform().remove_cluster(name)
+        _platform().remove_cluster(name)
     except PlatformError as exc:
         fail(exc)
     err.print(f"removed cluster {name}")
@@ -91,6 +127,10 @@ def remove(name: str) -> None:
 @app.command("clear-node")
 def clear_node(name: str, node: str) -> None:
     """Forget a node's recorded faults, so runs may use it again."""
-    if not Platform().clear_node(name, node):
-        fail(ValueError(f"node {node} of {name} has no recorded faults"))
+    try:
+        cleared = _platform().clear_node(name, node)
+    except PlatformError as exc:
+        fail(exc)
+    if not cleared:
+        fail(f"node {node} of {name} has no recorded faults")
     err.print(f"node {node} of {name} cleared")

@@ -11,6 +11,7 @@ from tessera.cli.data import app as data_app
 from tessera.cli.distributed_launch import CONTEXT as LAUNCH_CONTEXT
 from tessera.cli.distributed_launch import launch
 from tessera.cli.llm import app as llm_app
+from tessera.cli.login import login, logout
 from tessera.cli.run import app as run_app
 from tessera.cli.secret import app as secret_app
 from tessera.cli.storage import app as storage_app
@@ -26,6 +27,8 @@ app.add_typer(secret_app, name="secret")
 app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
 app.add_typer(llm_app, name="llm")
 app.command("train")(train)
+app.command("login")(login)
+app.command("logout")(logout)
 
 
 @app.callback(invoke_without_command=True)

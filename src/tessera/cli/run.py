@@ -1,26 +1,43 @@
-"""`tessera run submit|list|describe|logs|stop|restart|move`: runs on any cluster, kept alive by the
-supervisor."""
+"""`tessera run submit|list|describe|logs|stop|restart|move|delete|update|clone|convert`: runs on any
+cluster, kept alive by the supervisor. Every command works on the platform `connect()` picks (a team's
+server when TESSERA_API_URL or `tessera login` names one, this machine otherwise), with the same output."""
 
 from __future__ import annotations
 
 import json
+import secrets
+import sys
 import time
+from typing import Any
 
 import typer
+import yaml
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
+from tessera.platform.client import RemotePlatform
+from tessera.platform.connect import connect
+from tessera.platform.server.schemas import run_summary
 from tessera.platform.spec import format_duration
 
-app = typer.Typer(help="Submit runs and watch, stop, restart or move them.", no_args_is_help=True)
+app = typer.Typer(help="Submit runs and watch, stop, restart, move, clone or delete them.", no_args_is_help=True)
+AnyPlatform = Platform | RemotePlatform
 
 
 def _when(t: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
-def _follow(platform: Platform, name: str, rank: int | None = None, resumption: int | None = None,
+def _platform() -> AnyPlatform:
+    try:
+        return connect()
+    except PlatformError as exc:
+        fail(exc)
+        raise   # not reached: fail() exits
+
+
+def _follow(platform: AnyPlatform, name: str, rank: int | None = None, resumption: int | None = None,
             follow: bool = True) -> None:
     try:
         for line in platform.follow_logs(name, rank, resumption, follow):
@@ -35,7 +52,7 @@ def submit(file: str = typer.Option(..., "-f", "--file", help="Run spec YAML."),
            follow: bool = typer.Option(False, "--follow", help="Follow the logs until the run ends."),
            as_json: bool = typer.Option(False, "--json", help="Print the run as JSON.")) -> None:
     """Validate a run spec and submit it; the supervisor starts and watches it."""
-    platform = Platform()
+    platform = _platform()
     try:
         run = platform.create_run(file, cluster=cluster)
     except PlatformError as exc:
@@ -51,31 +68,41 @@ def submit(file: str = typer.Option(..., "-f", "--file", help="Run spec YAML."),
         raise typer.Exit(0 if final.status == "COMPLETED" else 1)
 
 
+def _summaries(platform: AnyPlatform, status: str | None, cluster: str | None, user: str | None,
+               limit: int | None) -> list[dict[str, Any]]:
+    """The rows `run list` shows: the server's summaries, or the same dicts made here from local runs."""
+    if isinstance(platform, RemotePlatform):
+        return platform.run_summaries(status, cluster, limit, user=user)[0]
+    return [run_summary(run) for run in platform.list_runs(status, cluster, limit, user=user)]
+
+
 @app.command("list")
 def list_(status: str = typer.Option(None, help="Only runs in this status (e.g. RUNNING)."),
           cluster: str = typer.Option(None, help="Only runs on this cluster."),
+          user: str = typer.Option(None, help="Only runs this user submitted."),
+          limit: int = typer.Option(None, min=1, help="At most this many (the newest)."),
           as_json: bool = typer.Option(False, "--json", help="One JSON object per line.")) -> None:
     """List runs, newest first."""
-    platform = Platform()
+    platform = _platform()
     try:
-        runs = platform.list_runs(status, cluster)
+        rows = _summaries(platform, status, cluster, user, limit)
     except (PlatformError, ValueError) as exc:
         fail(exc)
     if as_json:
-        for run in runs:
-            typer.echo(json.dumps({"name": run.name, "id": run.id, "status": run.status, "cluster": run.cluster,
-                                   "created": run.created, "resumptions": len(run.resumptions)}))
+        for row in rows:
+            typer.echo(json.dumps(row))
         return
-    table = Table("NAME", "STATUS", "CLUSTER", "RESUMPTIONS", "CREATED")
-    for run in runs:
-        table.add_row(run.name, run.status, run.cluster, str(len(run.resumptions)), _when(run.created))
+    table = Table("NAME", "STATUS", "CLUSTER", "USER", "GPUS", "NODES", "RESUMPTIONS", "CREATED")
+    for row in rows:
+        table.add_row(row["name"], row["status"], row["cluster"], row.get("user") or "-", str(row["gpus"]),
+                      str(row["nodes"]), str(row["resumptions"]), _when(row["created"]))
     out.print(table)
 
 
 @app.command("describe")
 def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Config, resumptions, events and the first error of a run (secret values never appear)."""
-    platform = Platform()
+    platform = _platform()
     try:
         info = platform.describe_run(name)
     except PlatformError as exc:
@@ -83,7 +110,8 @@ def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Prin
     if as_json:
         typer.echo(json.dumps(info, indent=1))
         return
-    out.print(f"[bold]{info['name']}[/bold] ({info['id']}): {info['status']} on {info['cluster']}")
+    by = f" by {info['user']}" if info.get("user") else ""
+    out.print(f"[bold]{info['name']}[/bold] ({info['id']}): {info['status']} on {info['cluster']}{by}")
     if info.get("first_error"):
         out.print(f"[red]first error[/red] ({info.get('failure_kind')}): {info['first_error']}", markup=True)
     spec = info["spec"]
@@ -119,7 +147,7 @@ def logs(name: str, follow: bool = typer.Option(False, "-f", "--follow", help="K
          resumption: int = typer.Option(None, "--resumption", help="This resumption (default: the latest)."),
          ) -> None:
     """Print a run's logs (secret values are replaced by ****)."""
-    platform = Platform()
+    platform = _platform()
     try:
         _follow(platform, name, rank, resumption, follow)
     except PlatformError as exc:
@@ -129,7 +157,7 @@ def logs(name: str, follow: bool = typer.Option(False, "-f", "--follow", help="K
 @app.command("stop")
 def stop(name: str, wait: bool = typer.Option(False, "--wait", help="Wait until it has stopped.")) -> None:
     """Stop a run gracefully (SIGTERM, stop_grace, SIGKILL)."""
-    platform = Platform()
+    platform = _platform()
     try:
         run = platform.stop_run(name)
         if wait:
@@ -143,7 +171,7 @@ def stop(name: str, wait: bool = typer.Option(False, "--wait", help="Wait until 
 def restart(name: str, cluster: str = typer.Option(None, "--cluster", help="Restart on this cluster.")) -> None:
     """Start a finished run again, or stop and start an active one (a new resumption either way)."""
     try:
-        run = Platform().restart_run(name, cluster)
+        run = _platform().restart_run(name, cluster)
     except PlatformError as exc:
         fail(exc)
     err.print(f"run {run.name}: restart requested ({run.status})")
@@ -153,7 +181,7 @@ def restart(name: str, cluster: str = typer.Option(None, "--cluster", help="Rest
 def move(name: str, cluster: str = typer.Option(..., "--cluster", help="Target cluster."),
          follow: bool = typer.Option(False, "--follow", help="Follow the logs until the run ends.")) -> None:
     """Stop a run (it checkpoints on SIGTERM) and resume it on another cluster."""
-    platform = Platform()
+    platform = _platform()
     try:
         run = platform.move_run(name, cluster)
     except PlatformError as exc:
@@ -161,3 +189,81 @@ def move(name: str, cluster: str = typer.Option(..., "--cluster", help="Target c
     err.print(f"run {run.name}: moving from {run.cluster} to {cluster}")
     if follow:
         _follow(platform, name)
+
+
+@app.command("delete")
+def delete(name: str, yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation.")) -> None:
+    """Delete a run: stop it if it is active, then remove its record, logs and folder."""
+    if not yes:
+        if not sys.stdin.isatty():
+            fail(f"deleting run {name} removes its logs and folder: pass --yes to confirm", code=2)
+        typer.confirm(f"Delete run {name}, its logs and its folder?", abort=True)
+    try:
+        _platform().delete_run(name)
+    except PlatformError as exc:
+        fail(exc)
+    err.print(f"deleted run {name}")
+
+
+@app.command("update")
+def update(name: str,
+           priority: str = typer.Option(None, help="low | normal | high."),
+           max_duration: str = typer.Option(None, "--max-duration",
+                                            help="Total running time over all resumptions (e.g. 12h, 1h30m)."),
+           max_retries: int = typer.Option(None, "--max-retries", help="Retries after failures.")) -> None:
+    """Change a run's scheduling; the supervisor applies it to the running resumption too."""
+    if priority is None and max_duration is None and max_retries is None:
+        fail("nothing to update: give --priority, --max-duration or --max-retries", code=2)
+    try:
+        run = _platform().update_run(name, priority=priority, max_duration=max_duration, max_retries=max_retries)
+    except PlatformError as exc:
+        fail(exc)
+    sched = run.spec.scheduling
+    err.print(f"run {run.name}: priority={sched.priority}, max_duration={format_duration(sched.max_duration)}, "
+              f"max_retries={sched.max_retries}")
+
+
+def clone_name(name: str) -> str:
+    """NAME-clone-<4 hex>, NAME shortened so the result is still a valid (63-character) run name."""
+    suffix = f"-clone-{secrets.token_hex(2)}"
+    return name[:63 - len(suffix)] + suffix
+
+
+@app.command("clone")
+def clone(name: str,
+          new_name: str = typer.Option(None, "--name", help="The clone's name (default NAME-clone-XXXX)."),
+          cluster: str = typer.Option(None, "--cluster", help="Run the clone on this cluster."),
+          gpus: int = typer.Option(None, "--gpus", min=0, help="GPUs per node of the clone."),
+          follow: bool = typer.Option(False, "--follow", help="Follow the clone's logs until it ends.")) -> None:
+    """Submit a run's spec again under a new name (optionally on another cluster or GPU count)."""
+    platform = _platform()
+    try:
+        run = platform.clone_run(name, new_name or clone_name(name), cluster=cluster, gpus=gpus)
+    except PlatformError as exc:
+        fail(exc)
+    err.print(f"submitted run {run.name} (id {run.id}), a clone of {name}, to {run.cluster}")
+    if follow:
+        _follow(platform, run.name)
+
+
+@app.command("convert")
+def convert(file: str = typer.Argument(..., help="An MCLI run YAML.")) -> None:
+    """Print the Tessera run spec an MCLI run YAML becomes (what `run submit -f FILE` runs)."""
+    try:
+        from tessera.platform.mcli import to_run_spec
+    except ImportError:
+        fail("`tessera run convert` needs tessera.platform.mcli, which this installation does not have")
+    try:
+        with open(file, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except OSError as exc:
+        fail(f"cannot read {file}: {exc.strerror or exc}", code=2)
+    except yaml.YAMLError as exc:
+        fail(f"{file} is not valid YAML: {' '.join(str(exc).split())}", code=2)
+    if not isinstance(data, dict):
+        fail(f"{file}: expected a mapping of MCLI keys (run_name, command, compute, ...)", code=2)
+    try:
+        spec = to_run_spec(data, source=file)
+    except PlatformError as exc:
+        fail(exc)
+    typer.echo(spec.to_yaml(), nl=False)
