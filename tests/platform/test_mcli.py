@@ -179,7 +179,9 @@ def test_bad_mcli_files_get_one_line_naming_the_key_and_file(text: str, expected
 
 
 def test_tessera_specs_are_not_taken_for_mcli_and_mcli_keys_map_to_tessera_ones() -> None:
-    assert not is_mcli({"name": "a", "command": "x", "compute": {"gpus_per_node": 1}, "env": {"A": "b"}})
+    assert not is_mcli({"name": "a", "command": "x", "compute": {"gpus_per_node": 1}, "env": {"A": "b"},
+                        "scheduling": {"preemptible": True, "max_duration": 7200}})
+    assert is_mcli({"name": "a", "command": "x", "scheduling": {"priority": "medium"}})
     spec = to_run_spec({"name": "m", "command": "train /mnt/config/parameters.yaml", "metadata": {"team": "red"},
                         "compute": {"cluster": "c1", "gpus": 16, "gpu_type": "h100_80gb", "instance": "oci.bm8"},
                         "scheduling": {"priority": "lowest", "preemptible": True, "max_duration": 1.5,

@@ -60,11 +60,8 @@ def is_mcli(data: dict[str, Any]) -> bool:
     compute, scheduling = data.get("compute"), data.get("scheduling")
     if isinstance(compute, dict) and {"gpus", "cpus", "node_names"} & set(compute):
         return True
-    if isinstance(scheduling, dict):
-        if {"preemptible", "resumable"} & set(scheduling) and "hang_timeout" not in scheduling:
-            return True
-        if scheduling.get("priority") in ("lowest", "medium", "highest"):
-            return True
+    if isinstance(scheduling, dict):   # `preemptible` is Tessera's key too: it tells nothing
+        return "resumable" in scheduling or scheduling.get("priority") in ("lowest", "medium", "highest")
     return False
 
 
