@@ -14,6 +14,7 @@ from tessera.cli.llm import app as llm_app
 from tessera.cli.login import login, logout
 from tessera.cli.run import app as run_app
 from tessera.cli.secret import app as secret_app
+from tessera.cli.server import app as server_app
 from tessera.cli.storage import app as storage_app
 from tessera.cli.train import train
 
@@ -24,6 +25,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(run_app, name="run")
 app.add_typer(cluster_app, name="cluster")
 app.add_typer(secret_app, name="secret")
+app.add_typer(server_app, name="server")
 app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
 app.add_typer(llm_app, name="llm")
 app.command("train")(train)

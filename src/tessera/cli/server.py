@@ -1,0 +1,137 @@
+"""`tessera server start` (the control plane: API and web console) and `tessera server admin ...` (teams,
+users and API keys, acting on the server's database directly, on the server's host)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from tessera.cli.console import err, fail, out
+from tessera.platform import PlatformError
+from tessera.platform.server.accounts import Accounts
+from tessera.platform.server.settings import ServerSettings
+
+app = typer.Typer(help="The team's control plane: an HTTP API and web console over the platform.",
+                  no_args_is_help=True)
+admin = typer.Typer(help="Teams, users and API keys (on the server's host; keys are shown once).",
+                    no_args_is_help=True)
+app.add_typer(admin, name="admin")
+
+HOME_HELP = "Server home: server.db, secret.key, teams/<team>/ (default: $TESSERA_HOME/server)."
+DB_HELP = "SQLAlchemy database URL (default: $TESSERA_DB_URL, else SQLite in the home)."
+
+
+def _settings(home: Path | None, db: str | None, **more: object) -> ServerSettings:
+    try:
+        return ServerSettings.resolve(home=home, db_url=db, **more)  # type: ignore[arg-type]
+    except (ValueError, OSError) as exc:
+        fail(exc, code=2)
+        raise   # not reached: fail() exits
+
+
+def _accounts(home: Path | None, db: str | None) -> Accounts:
+    from tessera.platform.server.db import make_engine, migrate, session_factory
+
+    settings = _settings(home, db)
+    try:
+        engine = make_engine(settings.db_url)
+        migrate(engine)
+    except ValueError as exc:
+        fail(exc, code=2)
+    except Exception as exc:   # the database is unreachable or refused us: one line, not a traceback
+        fail(f"cannot open the server database: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+    return Accounts(session_factory(engine))
+
+
+@app.command("start")
+def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
+          port: int = typer.Option(8080, min=1, max=65535, help="Port."),
+          home: Path = typer.Option(None, "--home", help=HOME_HELP),
+          db: str = typer.Option(None, "--db", help=DB_HELP),
+          log_level: str = typer.Option("warning", "--log-level", help="uvicorn's log level (info: every request).")
+          ) -> None:
+    """Serve the API (/api/v1) and the web console (/) until interrupted."""
+    import uvicorn
+
+    from tessera.platform.server.app import create_app
+    from tessera.platform.server.db import safe_url
+
+    settings = _settings(home, db, host=host, port=port)
+    try:
+        application = create_app(settings)
+    except ValueError as exc:
+        fail(exc, code=2)
+    except Exception as exc:
+        fail(f"cannot start the server ({safe_url(settings.db_url)}): {type(exc).__name__}: "
+             f"{str(exc).splitlines()[0] if str(exc) else ''}")
+    err.print(f"Tessera server on {settings.url}  (console: {settings.url}/, API: {settings.url}/api/v1, "
+              f"home {settings.home}, database {safe_url(settings.db_url)})", soft_wrap=True, highlight=False)
+    uvicorn.run(application, host=host, port=port, log_level=log_level.lower())
+
+
+@admin.command("create-team")
+def create_team(name: str, home: Path = typer.Option(None, "--home", help=HOME_HELP),
+                db: str = typer.Option(None, "--db", help=DB_HELP)) -> None:
+    """Create a team (its own runs, clusters and secrets)."""
+    _act(lambda: _accounts(home, db).create_team(name))
+    err.print(f"created team {name}")
+
+
+@admin.command("create-user")
+def create_user(name: str, team: str = typer.Option(..., "--team", help="The user's team (created if missing)."),
+                is_admin: bool = typer.Option(False, "--admin", help="May create users and keys through the API."),
+                home: Path = typer.Option(None, "--home", help=HOME_HELP),
+                db: str = typer.Option(None, "--db", help=DB_HELP)) -> None:
+    """Create a user; prints their API key on stdout, alone (`KEY=$(tessera server admin create-user ...)`)."""
+    key = _act(lambda: _accounts(home, db).create_user(name, team, admin=is_admin))
+    typer.echo(key)
+    err.print(f"created user {name} in team {team}{' (admin)' if is_admin else ''}; the API key above is shown "
+              "only this once")
+
+
+@admin.command("new-key")
+def new_key(user: str, home: Path = typer.Option(None, "--home", help=HOME_HELP),
+            db: str = typer.Option(None, "--db", help=DB_HELP)) -> None:
+    """Another API key for a user (printed alone on stdout, once); the old ones stay valid until revoked."""
+    key = _act(lambda: _accounts(home, db).new_key(user))
+    typer.echo(key)
+    err.print(f"new API key for {user} (prefix {key[:12]}); shown only this once")
+
+
+@admin.command("revoke-key")
+def revoke_key(prefix: str = typer.Argument(..., help="The key's first 12 characters (see list-users)."),
+               home: Path = typer.Option(None, "--home", help=HOME_HELP),
+               db: str = typer.Option(None, "--db", help=DB_HELP)) -> None:
+    """Revoke an API key; requests with it get 401 from then on."""
+    user = _act(lambda: _accounts(home, db).revoke_key(prefix))
+    err.print(f"revoked key {prefix} of {user}")
+
+
+@admin.command("list-users")
+def list_users(home: Path = typer.Option(None, "--home", help=HOME_HELP),
+               db: str = typer.Option(None, "--db", help=DB_HELP),
+               as_json: bool = typer.Option(False, "--json", help="One JSON list.")) -> None:
+    """Users, their teams and the prefixes of their valid keys."""
+    users = _act(lambda: _accounts(home, db).list_users())
+    if as_json:
+        typer.echo(json.dumps([u.__dict__ for u in users]))
+        return
+    table = Table("user", "team", "admin", "keys")
+    for u in users:
+        table.add_row(u.name, u.team, "yes" if u.admin else "", ", ".join(u.keys) or "-")
+    out.print(table)
+
+
+def _act(action):  # type: ignore[no-untyped-def]
+    """Run an account action; a refused one (exists, unknown, bad name) is a usage error."""
+    try:
+        return action()
+    except (PlatformError, ValueError) as exc:
+        fail(exc, code=2)
+
+
+if __name__ == "__main__":   # `python -m tessera.cli.server start`: the server without the other commands' imports
+    app()

@@ -1,0 +1,136 @@
+"""Teams, users and API keys: the repository layer the admin CLI, the admin API and auth share.
+
+A key is `tsk_` + 43 URL-safe characters (256 random bits). Only its sha256 (hex) is stored, with its
+first 12 characters as a name to revoke it by; the key itself is returned once, at creation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from tessera.platform.errors import PlatformError
+from tessera.platform.server.models import ApiKey, Team, User
+from tessera.platform.spec import validate_name
+
+KEY_PREFIX = "tsk_"
+PREFIX_CHARS = 12
+
+
+class AccountError(PlatformError):
+    """A team, user or key cannot be made or found."""
+
+
+class AccountExists(AccountError):
+    """The team or user exists already."""
+
+
+class AccountNotFound(AccountError, LookupError):
+    """No such user, or no key with that prefix."""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a request acts as."""
+    user: str
+    team: str
+    admin: bool
+
+
+@dataclass(frozen=True)
+class UserInfo:
+    name: str
+    team: str
+    admin: bool
+    created: float
+    keys: list[str]       # prefixes of the user's keys that are not revoked
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Accounts:
+    """Every change commits before returning; callers never see a session."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    def create_team(self, name: str) -> str:
+        validate_name(name, "team name")
+        with self.sessions.begin() as s:
+            if s.scalar(select(Team).where(Team.name == name)):
+                raise AccountExists(f"team {name!r} exists")
+            s.add(Team(name=name, created=time.time()))
+        return name
+
+    def create_user(self, name: str, team: str, *, admin: bool = False) -> str:
+        """Create the user (and the team if it is missing); returns the user's first API key."""
+        validate_name(name, "user name")
+        validate_name(team, "team name")
+        with self.sessions.begin() as s:
+            if s.scalar(select(User).where(User.name == name)):
+                raise AccountExists(f"user {name!r} exists; give them another key with `new-key {name}`")
+            row = s.scalar(select(Team).where(Team.name == team))
+            if row is None:
+                row = Team(name=team, created=time.time())
+                s.add(row)
+            user = User(name=name, team=row, admin=admin, created=time.time())
+            s.add(user)
+            s.flush()
+            return _add_key(s, user)
+
+    def new_key(self, user: str) -> str:
+        with self.sessions.begin() as s:
+            row = s.scalar(select(User).where(User.name == user))
+            if row is None:
+                raise AccountNotFound(f"user {user!r} does not exist")
+            return _add_key(s, row)
+
+    def revoke_key(self, prefix: str) -> str:
+        """Revoke the key that starts with `prefix` (its first 12 characters); returns its user."""
+        with self.sessions.begin() as s:
+            row = s.scalar(select(ApiKey).where(ApiKey.prefix == prefix[:PREFIX_CHARS]))
+            if row is None or len(prefix) < PREFIX_CHARS:
+                raise AccountNotFound(f"no API key starts with {prefix!r} (give its first {PREFIX_CHARS} characters)")
+            if row.revoked is None:
+                row.revoked = time.time()
+            return row.user.name
+
+    def verify(self, key: str) -> Principal | None:
+        """The user a key belongs to, or None for an unknown or revoked key."""
+        if not key.startswith(KEY_PREFIX) or len(key) > 128:
+            return None
+        with self.sessions() as s:
+            row = s.scalar(select(ApiKey).where(ApiKey.hash == hash_key(key)))
+            if row is None or row.revoked is not None:
+                return None
+            return Principal(row.user.name, row.user.team.name, row.user.admin)
+
+    def list_users(self, team: str | None = None) -> list[UserInfo]:
+        with self.sessions() as s:
+            query = select(User).order_by(User.name)
+            if team:
+                query = query.join(Team).where(Team.name == team)
+            users = s.scalars(query).all()
+            keys = s.scalars(select(ApiKey).where(ApiKey.revoked.is_(None)).order_by(ApiKey.created)).all()
+            return [UserInfo(u.name, u.team.name, u.admin, u.created,
+                             [k.prefix for k in keys if k.user_id == u.id]) for u in users]
+
+    def list_teams(self) -> list[str]:
+        with self.sessions() as s:
+            return list(s.scalars(select(Team.name).order_by(Team.name)))
+
+
+def _add_key(s: Session, user: User) -> str:
+    while True:
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        if not s.scalar(select(ApiKey).where(ApiKey.prefix == key[:PREFIX_CHARS])):
+            break
+    s.add(ApiKey(prefix=key[:PREFIX_CHARS], hash=hash_key(key), user=user, created=time.time()))
+    return key

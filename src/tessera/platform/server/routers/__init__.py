@@ -1,0 +1,1 @@
+"""One router per resource; each takes its caller from auth.current_user."""

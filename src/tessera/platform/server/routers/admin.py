@@ -1,0 +1,50 @@
+"""Admin-only (403 otherwise): teams, users and keys, as `tessera server admin ...` does on the host."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Response
+
+from tessera.platform.server.accounts import PREFIX_CHARS
+from tessera.platform.server.auth import AdminUser, State
+from tessera.platform.server.params import UserName
+from tessera.platform.server.schemas import NewTeam, NewUser
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+KeyPrefix = Annotated[str, Path(min_length=PREFIX_CHARS, max_length=PREFIX_CHARS, pattern=r"^tsk_[A-Za-z0-9_-]+$")]
+
+
+@router.get("/users")
+def list_users(who: AdminUser, state: State) -> dict[str, Any]:
+    return {"users": [asdict(u) for u in state.accounts.list_users()], "teams": state.accounts.list_teams()}
+
+
+@router.post("/teams", status_code=201)
+def create_team(body: NewTeam, who: AdminUser, state: State) -> dict[str, Any]:
+    state.accounts.create_team(body.name)
+    state.audit.record(who, "team create", body.name)
+    return {"name": body.name}
+
+
+@router.post("/users", status_code=201)
+def create_user(body: NewUser, who: AdminUser, state: State) -> dict[str, Any]:
+    """The answer holds the user's API key: the only time it is shown."""
+    key = state.accounts.create_user(body.name, body.team, admin=body.admin)
+    state.audit.record(who, "user create", body.name, f"team {body.team}" + (", admin" if body.admin else ""))
+    return {"name": body.name, "team": body.team, "admin": body.admin, "api_key": key}
+
+
+@router.post("/users/{name}/keys", status_code=201)
+def new_key(name: UserName, who: AdminUser, state: State) -> dict[str, Any]:
+    key = state.accounts.new_key(name)
+    state.audit.record(who, "key create", name, f"prefix {key[:PREFIX_CHARS]}")
+    return {"name": name, "api_key": key}
+
+
+@router.delete("/keys/{prefix}", status_code=204)
+def revoke_key(prefix: KeyPrefix, who: AdminUser, state: State) -> Response:
+    user = state.accounts.revoke_key(prefix)
+    state.audit.record(who, "key revoke", user, f"prefix {prefix}")
+    return Response(status_code=204)

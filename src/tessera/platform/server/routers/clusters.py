@@ -1,0 +1,56 @@
+"""The team's clusters: list (what MCLI's `get clusters` shows), add, describe (nodes, faults, what runs
+where), remove, and clearing a node's faults."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Response
+
+from tessera.platform.sdk import Platform
+from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
+from tessera.platform.server.params import ClusterName
+from tessera.platform.server.schemas import NewCluster
+
+router = APIRouter(prefix="/clusters", tags=["clusters"])
+NodeName = Annotated[str, Path(max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+@router.get("")
+def list_clusters(platform: TeamPlatform) -> dict[str, Any]:
+    return {"clusters": platform.list_clusters()}
+
+
+@router.post("", status_code=201)
+def add_cluster(body: NewCluster, who: CurrentUser, state: State, platform: TeamPlatform) -> dict[str, Any]:
+    cluster = platform.add_cluster(body.name, body.type, replace=body.replace, **body.settings())
+    state.audit.record(who, "cluster add", body.name, f"type {body.type}" + (" (replaced)" if body.replace else ""))
+    return cluster
+
+
+@router.get("/{name}")
+def describe_cluster(name: ClusterName, platform: TeamPlatform) -> dict[str, Any]:
+    _known(platform, name)
+    return platform.describe_cluster(name)
+
+
+@router.delete("/{name}", status_code=204)
+def remove_cluster(name: ClusterName, who: CurrentUser, state: State, platform: TeamPlatform) -> Response:
+    _known(platform, name)
+    platform.remove_cluster(name)
+    state.audit.record(who, "cluster remove", name)
+    return Response(status_code=204)
+
+
+@router.post("/{name}/nodes/{node}/clear")
+def clear_node(name: ClusterName, node: NodeName, who: CurrentUser, state: State, platform: TeamPlatform
+               ) -> dict[str, Any]:
+    _known(platform, name)
+    cleared = platform.clear_node(name, node)
+    state.audit.record(who, "node clear", f"{name}/{node}", "cleared" if cleared else "had no faults")
+    return {"cluster": name, "node": node, "cleared": cleared}
+
+
+def _known(platform: Platform, name: str) -> None:
+    if name not in {c["name"] for c in platform.list_clusters()}:
+        raise HTTPException(404, f"no cluster named {name!r} (see GET /api/v1/clusters)")

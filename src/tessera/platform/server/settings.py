@@ -1,0 +1,36 @@
+"""Where the server keeps its state and what it listens on, resolved once at start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from tessera.platform.home import private_dir, tessera_home
+
+ENV_DB_URL = "TESSERA_DB_URL"
+MiB = 1024 * 1024
+
+
+class ServerSettings(BaseModel):
+    """`home` holds server.db (by default), secret.key and teams/<team>/ (each a platform home)."""
+
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    home: Path
+    db_url: str
+    max_body_bytes: int = Field(MiB, ge=1)
+
+    @classmethod
+    def resolve(cls, *, host: str = "127.0.0.1", port: int = 8080, home: str | Path | None = None,
+                db_url: str | None = None, max_body_bytes: int = MiB) -> ServerSettings:
+        """Defaults: home `$TESSERA_HOME/server`, database `$TESSERA_DB_URL` or SQLite in the home."""
+        folder = private_dir(Path(home).expanduser().resolve()) if home else private_dir(tessera_home() / "server")
+        url = db_url or os.environ.get(ENV_DB_URL) or f"sqlite:///{folder / 'server.db'}"
+        return cls(host=host, port=port, home=folder, db_url=url, max_body_bytes=max_body_bytes)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"

@@ -1,0 +1,120 @@
+"""A real control-plane server for each test module: `tessera server start` as a subprocess on a free
+127.0.0.1 port with its own home, users alice (team red) and bob (team blue) made by the admin CLI, and
+the platform's fast supervisor settings (as tests/platform/conftest.py) in its environment.
+
+The commands run as `python -m tessera.cli.server ...`: the same typer app `tessera server` is, without
+importing every other command group (torch comes with `tessera train`, seconds on a busy machine);
+tests/server/test_console.py starts it through `tessera.cli.main`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tessera.platform.clusters.local import free_port
+from tessera.platform.supervisor import stop_supervisor
+
+START_TIMEOUT = 30.0
+
+
+SERVER_CLI = [sys.executable, "-m", "tessera.cli.server"]
+
+
+def server_env(folder: Path) -> dict[str, str]:
+    env = {**os.environ, "TESSERA_HOME": str(folder / "tessera-home"), "TESSERA_SUPERVISOR_POLL": "0.2",
+           "TESSERA_SUPERVISOR_IDLE": "30", "TESSERA_RETRY_BACKOFF": "0"}
+    for name in ("TESSERA_API_URL", "TESSERA_API_KEY", "TESSERA_DB_URL", "TESSERA_SECRET_KEY",
+                 "TESSERA_SECRET_KEY_FILE"):
+        env.pop(name, None)
+    return env
+
+
+@dataclass
+class LiveServer:
+    url: str
+    home: Path
+    env: dict[str, str]
+    process: subprocess.Popen[bytes]
+    log: Path
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def client(self, user: str | None = None) -> httpx.Client:
+        """An HTTP client on /api/v1/, with `user`'s key (none without a user)."""
+        headers = {"Authorization": f"Bearer {self.keys[user]}"} if user else {}
+        return httpx.Client(base_url=f"{self.url}/api/v1/", headers=headers, timeout=30)
+
+    def wait_done(self, user: str, name: str, timeout: float = 30.0) -> dict[str, object]:
+        """The run once it has ended (COMPLETED, FAILED or STOPPED)."""
+        deadline = time.monotonic() + timeout
+        with self.client(user) as api:
+            while True:
+                run = api.get(f"runs/{name}").raise_for_status().json()
+                if run["status"] in ("COMPLETED", "FAILED", "STOPPED"):
+                    return run
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"run {name} is {run['status']} after {timeout} s; server log:\n"
+                                         f"{self.log.read_text()[-3000:]}")
+                time.sleep(0.1)
+
+
+def start_server(folder: Path, home: Path, env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes], Path]:
+    """Start `tessera server start` and wait until /api/v1/health answers."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = folder / f"server-{port}.log"
+    with open(log, "wb") as out:
+        process = subprocess.Popen([*SERVER_CLI, "start", "--port", str(port),
+                                    "--home", str(home)], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                   start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        try:
+            if httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200:
+                return url, process, log
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            stop_server(process)
+            raise AssertionError(f"the server did not start (exit {process.returncode}):\n{log.read_text()[-3000:]}")
+        time.sleep(0.05)
+
+
+def stop_server(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("server")
+    home = folder / "server-home"
+    env = server_env(folder)
+    url, process, log = start_server(folder, home, env)
+    live = LiveServer(url, home, env, process, log)
+    try:
+        made = {user: subprocess.Popen([*SERVER_CLI, "admin", "create-user", user, "--team", team, "--home", str(home)], stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE, text=True, env=env)
+                for user, team in (("alice", "red"), ("bob", "blue"))}
+        for user, proc in made.items():
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            live.keys[user] = out.strip()
+        yield live
+    finally:
+        stop_server(process)
+        for team_home in (home / "teams").glob("*"):
+            stop_supervisor(team_home)

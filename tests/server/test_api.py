@@ -1,0 +1,175 @@
+"""The control plane's HTTP API against a real `tessera server start` subprocess (conftest.py): keys,
+team isolation, runs on the local cluster end to end, logs (whole and live), path traversal, the body
+limit, secrets that never come back, the audit log and the database's migrations."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sqlite3
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from alembic.script import ScriptDirectory
+
+from tessera.platform.server.db import MIGRATIONS
+
+
+@pytest.fixture(scope="module")
+def hello_run(server):  # type: ignore[no-untyped-def]
+    """alice's run: prints hello and the value of her secret (which the logs must hide)."""
+    with server.client("alice") as api:
+        made = api.post("secrets", json={"type": "env", "name": "token", "values": {"TOKEN": "s3cr3t-value-42"}})
+        assert made.status_code == 201, made.text
+        spec = {"name": "hello", "command": "echo hello; echo token=$TOKEN", "secrets": ["token"]}
+        submitted = api.post("runs", json={"spec": spec})
+        assert submitted.status_code == 201, submitted.text
+    return server.wait_done("alice", "hello")
+
+
+def test_requests_without_a_valid_key_get_401(server) -> None:  # type: ignore[no-untyped-def]
+    with server.client() as anonymous:
+        assert anonymous.get("health").json()["ok"] is True
+        for path in ("runs", "runs/hello", "clusters", "secrets", "whoami", "audit"):
+            answer = anonymous.get(path)
+            assert answer.status_code == 401, path
+            assert isinstance(answer.json()["detail"], str)
+        assert anonymous.get("whoami", headers={"Authorization": "Bearer tsk_" + "x" * 43}).status_code == 401
+        assert anonymous.get("whoami", headers={"X-API-Key": server.keys["alice"] + "x"}).status_code == 401
+        assert anonymous.get("whoami", headers={"X-API-Key": server.keys["alice"]}).json() == {
+            "user": "alice", "team": "red", "admin": False}
+
+
+def test_a_run_completes_and_only_its_team_sees_it(server, hello_run) -> None:  # type: ignore[no-untyped-def]
+    assert hello_run["status"] == "COMPLETED" and hello_run["user"] == "alice"
+    with server.client("alice") as alice, server.client("bob") as bob:
+        listed = alice.get("runs").json()
+        assert listed["total"] == 1 and listed["runs"][0]["name"] == "hello"
+        assert listed["runs"][0]["user"] == "alice"
+        assert bob.get("runs/hello").status_code == 404
+        assert bob.get("runs/hello/logs").status_code == 404
+        assert bob.post("runs/hello/stop").status_code == 404
+        assert bob.delete("runs/hello").status_code == 404
+        assert bob.get("runs").json() == {"runs": [], "total": 0}
+        duplicate = alice.post("runs", json={"spec": {"name": "hello", "command": "true"}})
+        assert duplicate.status_code == 409
+        invalid = alice.post("runs", json={"spec": {"name": "broken"}})
+        assert invalid.status_code == 422 and "command" in invalid.json()["detail"]
+
+
+def test_logs_whole_and_followed_hide_secret_values(server, hello_run) -> None:  # type: ignore[no-untyped-def]
+    with server.client("alice") as alice:
+        text = alice.get("runs/hello/logs").text
+        assert "hello" in text.splitlines() and "token=****" in text
+        with alice.stream("GET", "runs/hello/logs", params={"follow": 1}) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            events = "".join(stream.iter_text())
+        assert "data: hello\n\n" in events and events.endswith("event: end\ndata: COMPLETED\n\n")
+        assert alice.get("runs/hello/logs", params={"rank": 5}).status_code == 404
+        assert alice.get("runs/hello/logs", params={"rank": -1}).status_code == 422
+
+
+def test_secrets_never_come_back(server, hello_run) -> None:  # type: ignore[no-untyped-def]
+    with server.client("alice") as alice:
+        answers = [alice.get("secrets"), alice.get("runs/hello"), alice.get("runs/hello/events"),
+                   alice.get("runs/hello/logs"), alice.get("audit"), alice.get("runs")]
+        again = alice.post("secrets", json={"type": "env", "name": "token", "values": {"TOKEN": "s3cr3t-value-42"}})
+        assert again.status_code == 409
+        for answer in [*answers, again]:
+            assert "s3cr3t-value-42" not in answer.text
+        assert alice.get("secrets").json()["secrets"][0]["exposes"] == ["TOKEN"]
+    at_rest = [p for p in server.home.rglob("*") if p.is_file() and not p.name.endswith(".log")]  # logs: the run's own
+    assert at_rest and not [p for p in at_rest if b"s3cr3t-value-42" in p.read_bytes()]
+
+
+def test_path_traversal_names_are_refused_without_touching_files(server) -> None:  # type: ignore[no-untyped-def]
+    before = sorted((p, p.stat().st_mtime_ns) for p in server.home.rglob("*") if p.name != "server.db-wal"
+                    and not p.name.endswith((".log", ".db-shm", "state.db-wal")))
+    with httpx.Client(base_url=server.url, headers={"X-API-Key": server.keys["alice"]}) as alice:
+        for path in ("/api/v1/runs/..%2F..%2Fserver.db", "/api/v1/runs/a..b", "/api/v1/runs/..", "/api/v1/runs/%2e%2e",
+                     "/api/v1/secrets/..%2Fteams", "/api/v1/clusters/a..b"):
+            for method in ("GET", "DELETE"):
+                answer = alice.request(method, path)
+                assert answer.status_code in (400, 404, 405), (method, path, answer.status_code)
+        assert alice.post("/api/v1/runs/hello/clone", json={"name": "../x"}).status_code == 422
+    after = sorted((p, p.stat().st_mtime_ns) for p in server.home.rglob("*") if p.name != "server.db-wal"
+                   and not p.name.endswith((".log", ".db-shm", "state.db-wal")))
+    assert (server.home / "server.db").exists() and [p for p, _ in after] == [p for p, _ in before]
+
+
+def test_bodies_over_one_mib_get_413(server) -> None:  # type: ignore[no-untyped-def]
+    big = b'{"spec": {"name": "x", "command": "' + b"a" * (2 * 1024 * 1024) + b'"}}'
+    with server.client("alice") as alice:
+        assert alice.post("runs", content=big, headers={"Content-Type": "application/json"}).status_code == 413
+        chunks = (big[i:i + 65536] for i in range(0, len(big), 65536))   # no Content-Length: counted
+        assert alice.post("runs", content=chunks, headers={"Content-Type": "application/json"}).status_code == 413
+        assert alice.get("runs/x").status_code == 404
+
+
+def test_audit_names_who_did_what_per_team(server, hello_run) -> None:  # type: ignore[no-untyped-def]
+    with server.client("alice") as alice, server.client("bob") as bob:
+        entries = alice.get("audit").json()["entries"]
+        assert {(e["user"], e["action"], e["target"]) for e in entries} >= {
+            ("alice", "submit", "hello"), ("alice", "secret create", "token")}
+        assert bob.get("audit").json()["entries"] == []
+        assert alice.get("admin/users").status_code == 403
+
+
+def test_keys_are_stored_hashed_and_revocable(server) -> None:  # type: ignore[no-untyped-def]
+    key = server.keys["bob"]
+    stored = b"".join(p.read_bytes() for p in server.home.glob("server.db*"))
+    assert key.encode() not in stored
+    with sqlite3.connect(server.home / "server.db") as db:
+        hashes = {row[0] for row in db.execute("SELECT hash FROM api_keys")}
+    assert hashlib.sha256(key.encode()).hexdigest() in hashes
+
+
+def test_migrations_are_at_head_and_a_second_start_works(server) -> None:  # type: ignore[no-untyped-def]
+    from conftest import start_server, stop_server
+
+    head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    with sqlite3.connect(server.home / "server.db") as db:
+        assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
+    url, process, _ = start_server(server.home.parent, server.home, server.env)
+    try:
+        with httpx.Client(base_url=f"{url}/api/v1/", headers={"X-API-Key": server.keys["alice"]}) as alice:
+            assert alice.get("whoami").json()["user"] == "alice"
+    finally:
+        stop_server(process)
+
+
+def _open_state_dbs(pid: int) -> int:
+    """How many connections the server holds on team databases (each follower opens its own)."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            count += os.readlink(fd).endswith("/state.db")
+        except FileNotFoundError:   # closed while we looked
+            continue
+    return count
+
+
+def test_followers_that_leave_free_their_threads_then_stop_and_delete(server) -> None:  # type: ignore[no-untyped-def]
+    """A run that prints nothing: a follower that disconnects must not leave a thread (and its database
+    connection) waiting on it."""
+    with server.client("alice") as alice:
+        assert alice.post("runs", json={"spec": {"name": "quiet", "command": "sleep 60"}}).status_code == 201
+        deadline = time.monotonic() + 20
+        while not alice.get("runs/quiet").json()["resumptions"]:   # launched (RUNNING needs a heartbeat)
+            assert time.monotonic() < deadline, "run quiet did not start"
+            time.sleep(0.1)
+        for _ in range(20):
+            with alice.stream("GET", "runs/quiet/logs", params={"follow": 1}) as stream:
+                assert stream.status_code == 200
+        deadline = time.monotonic() + 10
+        while _open_state_dbs(server.process.pid) > 1:   # 1: a request of this test's, closing
+            assert time.monotonic() < deadline, f"{_open_state_dbs(server.process.pid)} connections left open"
+            time.sleep(0.1)
+        assert alice.post("runs/quiet/stop").status_code == 200
+        assert server.wait_done("alice", "quiet")["status"] == "STOPPED"
+        assert alice.delete("runs/quiet").status_code == 204
+        assert alice.get("runs/quiet").status_code == 404
+        actions = [(e["action"], e["target"]) for e in alice.get("audit").json()["entries"][:3]]
+        assert actions == [("delete", "quiet"), ("stop", "quiet"), ("submit", "quiet")]
