@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_secret_types import isolated_home
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
@@ -24,8 +25,7 @@ TOKEN = "tok-3f9a=b#c d"  # '=', '#' and a space survive every path
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("TESSERA_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+    return isolated_home(monkeypatch, tmp_path / "home")
 
 
 def create(*args: str, stdin: str | None = None) -> tuple[int, str]:
@@ -67,7 +67,7 @@ def test_the_old_form_still_works_with_a_warning() -> None:
 def test_bad_values_fail_in_one_line_without_echoing_a_value(args: tuple[str, ...], stdin: str | None,
                                                               expected: str) -> None:
     code, output = create(*args, stdin=stdin)
-    assert code == 1 and output.startswith("error:") and expected in output, output
+    assert code == 2 and output.startswith("error:") and expected in output, output
     assert TOKEN not in output and "Traceback" not in output
     assert SecretStore().list() == []
 

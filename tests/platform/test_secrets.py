@@ -1,45 +1,63 @@
-"""Secrets: typed, stored 0600 in a 0700 folder, injected as env or files, never shown."""
+"""Secrets: encrypted at rest (Fernet; key from TESSERA_SECRET_KEY, TESSERA_SECRET_KEY_FILE or
+<home>/secret.key made 0600), migrated from the old plaintext layout, injected into runs, never shown."""
 
 from __future__ import annotations
 
 import json
 import stat
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
+from test_secret_types import isolated_home
+from typer.testing import CliRunner
 
+from tessera.cli.main import app
 from tessera.platform import Platform, SecretError
 from tessera.platform.secrets import SecretStore
 
 ENV_VALUE = "tok-8c1f2e9d7b"
 S3_SECRET = "s3-secret-5a4b3c2d1e"
 FILE_LINE = "file-secret-line-77e0f"
+VALUES = (ENV_VALUE, S3_SECRET, FILE_LINE)
+
+
+@pytest.fixture(autouse=True)
+def no_outside_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    isolated_home(monkeypatch, tmp_path / "home")
 
 
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_store_modes_and_list_without_values(tmp_path: Path) -> None:
-    store = SecretStore(tmp_path / "home")
+def all_bytes(folder: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in folder.rglob("*") if p.is_file())
+
+
+def fill(store: SecretStore, tmp_path: Path) -> None:
     store.create_env("api", {"API_TOKEN": ENV_VALUE})
     store.create_s3("r2", "AKIDEXAMPLE", S3_SECRET, endpoint="https://r2.example", region="auto")
     (tmp_path / "key.pem").write_text(FILE_LINE + "\n")
     store.create_file("key", tmp_path / "key.pem", env_var="KEY_FILE")
+
+
+def test_every_byte_at_rest_is_encrypted(tmp_path: Path) -> None:
+    store = SecretStore(tmp_path / "home")
+    fill(store, tmp_path)
     assert mode(store.root) == 0o700 and mode(store.home) == 0o700
+    assert mode(store.home / "secret.key") == 0o600                      # made on first use
     for path in store.root.rglob("*"):
         assert mode(path) == (0o700 if path.is_dir() else 0o600), path
+    on_disk = all_bytes(store.home)
+    assert not [v for v in VALUES if v.encode() in on_disk]
+    assert b"API_TOKEN" not in on_disk and b"AKIDEXAMPLE" not in on_disk   # names of variables too
     infos = {i.name: i for i in store.list()}
-    assert infos["r2"].exposes == ["AWS_ACCESS_KEY_ID", "AWS_ENDPOINT_URL", "AWS_REGION", "AWS_SECRET_ACCESS_KEY",
+    assert infos["r2"].exposes == ["AWS_ACCESS_KEY_ID", "AWS_CONFIG_FILE -> config", "AWS_ENDPOINT_URL", "AWS_REGION",
+                                   "AWS_SECRET_ACCESS_KEY", "AWS_SHARED_CREDENTIALS_FILE -> credentials",
                                    "S3_ENDPOINT_URL"]
-    assert ENV_VALUE not in repr(infos) and S3_SECRET not in repr(infos)
-    injection = store.injection(["api", "r2", "key"])
-    assert injection.env["API_TOKEN"] == ENV_VALUE and injection.env["AWS_SECRET_ACCESS_KEY"] == S3_SECRET
-    assert injection.env["S3_ENDPOINT_URL"] == "https://r2.example"
-    [(path, mount, var)] = injection.files
-    assert var == "KEY_FILE" and path.read_text().strip() == FILE_LINE and mount.endswith("/key/key.pem")
+    assert not [v for v in VALUES if v in repr(infos)]
     redact = store.redactor()
     assert redact(f"a {ENV_VALUE} b {S3_SECRET} c {FILE_LINE}") == "a **** b **** c ****"
     with pytest.raises(SecretError, match="exists"):
@@ -49,39 +67,96 @@ def test_store_modes_and_list_without_values(tmp_path: Path) -> None:
     with pytest.raises(SecretError, match="set by Tessera"):
         store.create_env("bad", {"RUN_NAME": "x"})
     store.remove("key")
-    assert not (store.root / "files" / "key").exists()
     with pytest.raises(SecretError, match="does not exist"):
         store.get("key")
 
 
+def test_the_environment_key_wins_and_a_wrong_key_is_one_clear_error(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    env_key = Fernet.generate_key().decode()
+    monkeypatch.setenv("TESSERA_SECRET_KEY_FILE", str(tmp_path / "team.key"))
+    monkeypatch.setenv("TESSERA_SECRET_KEY", env_key)
+    SecretStore(home).create_env("api", {"API_TOKEN": ENV_VALUE})
+    assert not (tmp_path / "team.key").exists() and not (home / "secret.key").exists()   # the env key was used
+
+    monkeypatch.delenv("TESSERA_SECRET_KEY")          # now the key file (made 0600) decides: not the same key
+    with pytest.raises(SecretError) as caught:
+        SecretStore(home).get("api")
+    assert mode(tmp_path / "team.key") == 0o600
+    message = str(caught.value)
+    assert "secret 'api' cannot be decrypted with the configured key (TESSERA_SECRET_KEY_FILE=" in message
+    key_file = (tmp_path / "team.key").read_text().strip()
+    assert env_key not in message and key_file not in message
+
+    result = CliRunner().invoke(app, ["secret", "list"], env={"TESSERA_HOME": str(home)})
+    assert result.exit_code == 1 and result.output.startswith("error: secret 'api' cannot be decrypted")
+    assert len(result.output.strip().splitlines()) == 1 and key_file not in result.output
+
+    monkeypatch.setenv("TESSERA_SECRET_KEY", env_key)
+    assert SecretStore(home).get("api").env() == {"API_TOKEN": ENV_VALUE}
+    monkeypatch.setenv("TESSERA_SECRET_KEY", "not-a-key")
+    with pytest.raises(SecretError, match="TESSERA_SECRET_KEY is not a Fernet key"):
+        SecretStore(home).list()
+
+
+def test_a_key_file_others_can_read_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    key = tmp_path / "open.key"
+    key.write_bytes(Fernet.generate_key())
+    key.chmod(0o644)
+    monkeypatch.setenv("TESSERA_SECRET_KEY_FILE", str(key))
+    with pytest.raises(SecretError, match=r"can be read by other users \(mode 644\); run `chmod 600"):
+        SecretStore(tmp_path / "home").create_env("api", {"API_TOKEN": ENV_VALUE})
+
+
+def test_plaintext_secrets_of_earlier_versions_are_encrypted_on_first_access(tmp_path: Path) -> None:
+    """The layout the store wrote before encryption: NAME.json (0600) and files/NAME/FILENAME."""
+    root = tmp_path / "home" / "secrets"
+    (root / "files" / "key").mkdir(parents=True, mode=0o700)
+    (root / "api.json").write_text(json.dumps({"type": "env", "name": "api", "created": 1.5,
+                                               "values": {"API_TOKEN": ENV_VALUE}}))
+    (root / "r2.json").write_text(json.dumps({"type": "s3", "name": "r2", "created": 2.5, "access_key_id": "AKID",
+                                              "secret_access_key": S3_SECRET, "endpoint": None, "region": None}))
+    (root / "key.json").write_text(json.dumps({"type": "file", "name": "key", "created": 3.5, "filename": "k.pem",
+                                               "env_var": "KEY_FILE", "mount_path": None}))
+    (root / "files" / "key" / "k.pem").write_text(FILE_LINE + "\n")
+    store = SecretStore(tmp_path / "home")
+    assert store.get("api").env() == {"API_TOKEN": ENV_VALUE}
+    assert sorted(p.name for p in root.iterdir()) == ["api.secret", "key.secret", "r2.secret"]
+    assert not [v for v in VALUES if v.encode() in all_bytes(tmp_path / "home")]
+    assert [(i.name, i.type, i.created) for i in store.list()] == [("api", "env", 1.5), ("key", "file", 3.5),
+                                                                   ("r2", "s3", 2.5)]
+    injection = store.injection(["key", "r2"], tmp_path / "res")
+    assert injection.env["AWS_SECRET_ACCESS_KEY"] == S3_SECRET
+    assert (tmp_path / "res" / "secrets" / "key" / "k.pem").read_text() == FILE_LINE + "\n"
+
+
 def test_secrets_are_injected_and_never_shown(platform: Platform, tmp_path: Path) -> None:
-    platform.secrets.create_env("api", {"API_TOKEN": ENV_VALUE})
-    platform.secrets.create_s3("r2", "AKIDEXAMPLE", S3_SECRET)
-    (tmp_path / "key.pem").write_text(FILE_LINE + "\n")
-    platform.secrets.create_file("key", tmp_path / "key.pem", env_var="KEY_FILE")
+    fill(platform.secrets, tmp_path)
     seen = tmp_path / "seen.json"
     command = (f"echo token=$API_TOKEN s3=$AWS_SECRET_ACCESS_KEY; cat $KEY_FILE; "
-               f"{sys.executable} -c \"import json, os; json.dump([os.environ['API_TOKEN'], "
-               f"os.environ['AWS_SECRET_ACCESS_KEY'], open(os.environ['KEY_FILE']).read().strip()], "
-               f"open('{seen}', 'w')); raise SystemExit('failing with ' + os.environ['API_TOKEN'])\"")
+               f"{sys.executable} -c \"import json, os, stat; json.dump([os.environ['API_TOKEN'], "
+               f"os.environ['AWS_SECRET_ACCESS_KEY'], open(os.environ['KEY_FILE']).read().strip(), "
+               f"oct(stat.S_IMODE(os.stat(os.environ['KEY_FILE']).st_mode)), "
+               f"open(os.environ['AWS_SHARED_CREDENTIALS_FILE']).read()], open('{seen}', 'w')); "
+               f"raise SystemExit('failing with ' + os.environ['API_TOKEN'])\"")
     platform.create_run({"name": "leaky", "command": command, "secrets": ["api", "r2", "key"],
                          "scheduling": {"max_retries": 0}})
     run = platform.wait_for_run_status("leaky", ("FAILED", "COMPLETED"), timeout=30)
-    assert json.loads(seen.read_text()) == [ENV_VALUE, S3_SECRET, FILE_LINE]    # injected
+    token, s3_key, file_line, file_mode, credentials = json.loads(seen.read_text())
+    assert (token, s3_key, file_line, file_mode) == (ENV_VALUE, S3_SECRET, FILE_LINE, "0o600")   # injected
+    assert f"aws_secret_access_key = {S3_SECRET}" in credentials
     assert run.status == "FAILED"
 
-    cli = [sys.executable, "-m", "tessera.cli.main"]
-    outputs = [subprocess.run([*cli, *args], capture_output=True, text=True, timeout=60)
-               for args in (["run", "describe", "leaky"], ["run", "describe", "leaky", "--json"],
-                            ["run", "logs", "leaky"], ["secret", "list"], ["secret", "list", "--json"],
-                            ["run", "list", "--json"])]
-    logs = outputs[2].stdout
+    outputs = [CliRunner().invoke(app, args) for args in (["run", "describe", "leaky", "--json"],
+                                                          ["run", "logs", "leaky"], ["secret", "list", "--json"])]
+    logs = outputs[1].output
     assert "token=**** s3=****" in logs and "****" in logs.splitlines()[1], logs
-    db_bytes = b"".join(p.read_bytes() for p in platform.home.glob("state.db*"))
-    assert b"API_TOKEN" in db_bytes or b"api" in db_bytes          # the db is readable here...
-    for value in (ENV_VALUE, S3_SECRET, FILE_LINE):                # ...and holds no secret value
+    for value in VALUES:
         for out in outputs:
-            assert value not in out.stdout + out.stderr
-        assert value.encode() not in db_bytes
+            assert value not in out.output
         assert value not in (platform.home / "supervisor.log").read_text()
-    assert not list(platform.home.rglob("secrets.json"))            # nothing materialised is left
+    # what was decrypted for the run is gone once it ended: only the run's own log holds what it printed
+    assert not list(platform.home.rglob("secrets.json")) and not list((platform.home / "runs").rglob("secrets"))
+    leftover = b"".join(p.read_bytes() for p in platform.home.rglob("*") if p.is_file() and p.suffix != ".log")
+    assert not [v for v in VALUES if v.encode() in leftover]

@@ -1,4 +1,4 @@
-"""Where `tessera secret create env` reads values from: the caller's environment, files, or stdin.
+"""Where `tessera secret create ...` reads values from: the caller's environment, files, or stdin.
 
 A value typed on the command line (`NAME=VALUE`) lands in shell history and is visible to every user
 through `ps` while the command runs, so the CLI offers these three instead and keeps the old form only
@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 
-from tessera.platform.errors import SecretError
+from tessera.platform.secret_types import MAX_FILE_BYTES, SecretInputError
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -20,14 +21,14 @@ def _key(text: str, where: str) -> str:
     key = text.strip()
     if not _KEY.match(key):
         # Not echoed: on a pasted line the text before '=' may be part of the secret itself.
-        raise SecretError(f"{where}: the name before '=' is not a valid environment variable name "
+        raise SecretInputError(f"{where}: the name before '=' is not a valid environment variable name "
                           "([A-Za-z_][A-Za-z0-9_]*)")
     return key
 
 
 def _add(values: dict[str, str], key: str, value: str, where: str) -> None:
     if key in values:
-        raise SecretError(f"{where}: {key} is given twice")
+        raise SecretInputError(f"{where}: {key} is given twice")
     values[key] = value
 
 
@@ -44,7 +45,7 @@ def parse_env_lines(text: str, source: str = "stdin") -> dict[str, str]:
         where = f"{source} line {number}"
         key, sep, value = stripped.removeprefix("export ").partition("=")
         if not sep:
-            raise SecretError(f"{where}: expected KEY=VALUE (no '=' on the line)")
+            raise SecretInputError(f"{where}: expected KEY=VALUE (no '=' on the line)")
         _add(values, _key(key, where), value, where)
     return values
 
@@ -56,7 +57,7 @@ def values_from_arguments(pairs: Iterable[str]) -> dict[str, str]:
         key, sep, value = pair.partition("=")
         where = f"argument {number}"
         if not sep:
-            raise SecretError(f"{where}: expected KEY=VALUE (no '='); or use --from-env KEY")
+            raise SecretInputError(f"{where}: expected KEY=VALUE (no '='); or use --from-env KEY")
         _add(values, _key(key, where), value, where)
     return values
 
@@ -70,7 +71,7 @@ def values_from_environ(specs: Iterable[str], environ: Mapping[str, str]) -> dic
         key = _key(key, where)
         var = _key(var, where) if var else key
         if var not in environ:
-            raise SecretError(f"{where}: the environment variable {var} is not set here")
+            raise SecretInputError(f"{where}: the environment variable {var} is not set here")
         _add(values, key, environ[var], where)
     return values
 
@@ -82,11 +83,11 @@ def values_from_files(specs: Iterable[str]) -> dict[str, str]:
         key, sep, path = spec.partition("=")
         where = f"--from-file {spec}"
         if not sep or not path:
-            raise SecretError(f"{where}: expected KEY=PATH")
+            raise SecretInputError(f"{where}: expected KEY=PATH")
         try:
             text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise SecretError(f"{where}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+            raise SecretInputError(f"{where}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
         _add(values, _key(key, where), text.removesuffix("\n").removesuffix("\r"), where)
     return values
 
@@ -98,3 +99,42 @@ def merge_values(*groups: dict[str, str]) -> dict[str, str]:
         for key, value in group.items():
             _add(out, key, value, "secret values")
     return out
+
+
+def read_limited(stream: BinaryIO, where: str, limit: int = MAX_FILE_BYTES) -> bytes:
+    """At most `limit` bytes; more is refused rather than held (a secret is a key or a token, not data)."""
+    data = stream.read(limit + 1)
+    if len(data) > limit:
+        raise SecretInputError(f"{where} holds more than {limit // 1024} KiB, the limit of a secret")
+    return data
+
+
+def content_from_file(path: str, what: str) -> bytes:
+    """The bytes of a file the user named for a secret; errors name the file, never its content."""
+    try:
+        with open(Path(path).expanduser(), "rb") as f:
+            return read_limited(f, f"{what} file {path}")
+    except OSError as exc:
+        raise SecretInputError(f"cannot read the {what} file {path}: {exc.strerror or exc}") from None
+
+
+def value_from_sources(what: str, *, path: str | None, env_var: str | None, stdin: BinaryIO | None,
+                       environ: Mapping[str, str]) -> str | None:
+    """One value (a password, a key) from the one source given: a file or stdin (one trailing newline
+    dropped, as `echo token > file` leaves), or a variable of this environment. None: no source given."""
+    given = [flag for flag, value in (("--from-file", path), ("--from-env", env_var), ("--stdin", stdin))
+             if value is not None]
+    if len(given) > 1:
+        raise SecretInputError(f"give the {what} one way, not {' and '.join(given)}")
+    if env_var is not None:
+        if env_var not in environ:
+            raise SecretInputError(f"--from-env {env_var}: the environment variable {env_var} is not set here")
+        return environ[env_var]
+    if path is None and stdin is None:
+        return None
+    raw = content_from_file(path, what) if path is not None else read_limited(stdin, "stdin")  # type: ignore[arg-type]
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SecretInputError(f"the {what} from {given[0]} is not UTF-8 text") from None
+    return text.removesuffix("\n").removesuffix("\r")

@@ -1,0 +1,97 @@
+"""The key that encrypts secrets at rest (Fernet: AES-128-CBC + HMAC-SHA256, from `cryptography`).
+
+Where it comes from, first match wins: `$TESSERA_SECRET_KEY` (a Fernet key), the file named by
+`$TESSERA_SECRET_KEY_FILE`, else `<home>/secret.key`. A key file that does not exist is created on first
+use with mode 0600 and linked into place without replacing one another process made meanwhile (two
+processes racing must end up with the same key, or one of them would encrypt with a key nobody keeps).
+The key itself is never put in a message, a log or an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+
+from tessera.platform.errors import SecretError
+
+ENV_SECRET_KEY = "TESSERA_SECRET_KEY"
+ENV_SECRET_KEY_FILE = "TESSERA_SECRET_KEY_FILE"
+KEY_FILE = "secret.key"
+_NOT_A_KEY = "is not a Fernet key (32 url-safe base64-encoded bytes; make one with `python -c \"from " \
+             "cryptography.fernet import Fernet; print(Fernet.generate_key().decode())\"`)"
+
+
+def _fernet(key: bytes, source: str) -> Fernet:
+    try:
+        return Fernet(key.strip())
+    except (ValueError, TypeError):
+        raise SecretError(f"the secret key in {source} {_NOT_A_KEY}") from None
+
+
+def _create_key_file(path: Path) -> None:
+    """A new key, written 0600 from the first byte and linked into place (never over an existing file)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(Fernet.generate_key() + b"\n")
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass                # another process made it first: use theirs
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _read_key_file(path: Path, source: str) -> Fernet:
+    if not path.exists():
+        _create_key_file(path)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & 0o077:
+            raise SecretError(f"the secret key file {path} can be read by other users (mode {mode:o}); "
+                              f"run `chmod 600 {path}`")
+        return _fernet(path.read_bytes(), source)
+    except OSError as exc:
+        raise SecretError(f"cannot read the secret key file {path}: {exc.strerror or exc}") from None
+
+
+class SecretCipher:
+    """Encrypts and decrypts the records of one secret store; the key is loaded on first use."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._fernet: Fernet | None = None
+        self.source = ""
+
+    def _key(self) -> Fernet:
+        if self._fernet is None:
+            env_key = os.environ.get(ENV_SECRET_KEY)
+            key_file = os.environ.get(ENV_SECRET_KEY_FILE)
+            if env_key:
+                self.source = ENV_SECRET_KEY
+                self._fernet = _fernet(env_key.encode(), self.source)
+            else:
+                path = Path(key_file).expanduser() if key_file else self.home / KEY_FILE
+                self.source = f"{ENV_SECRET_KEY_FILE}={path}" if key_file else f"key file {path}"
+                self._fernet = _read_key_file(path, self.source)
+        return self._fernet
+
+    def encrypt(self, data: bytes) -> bytes:
+        return self._key().encrypt(data)
+
+    def decrypt(self, token: bytes, name: str) -> bytes:
+        fernet = self._key()
+        try:
+            return fernet.decrypt(token)
+        except InvalidToken:
+            raise SecretError(f"secret {name!r} cannot be decrypted with the configured key ({self.source}); "
+                              f"set {ENV_SECRET_KEY} or {ENV_SECRET_KEY_FILE} to the key it was stored with, "
+                              f"or remove the secret and create it again") from None
