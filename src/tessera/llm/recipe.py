@@ -41,6 +41,7 @@ from tessera.llm.model import NAMED_CONFIGS, GPTConfig
 from tessera.llm.recipe_required import must_be_set_message, placeholder_overrides, unset_keys
 from tessera.stream.config import StreamConfig, StreamingConfig
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
+from tessera.train.logger_settings import LOGGERS, as_mapping
 from tessera.train.time import Time
 from tessera.typed_config import error_lines
 
@@ -195,6 +196,11 @@ def recipe_keys(schema: type[BaseModel] | None = None, prefix: str = "") -> list
             rows += [(f"model.{f.name}", str(f.type), _shown(f.default), "") for f in fields(GPTConfig)]
             rows += [row for row in recipe_keys(PretrainedSpec, "model.") if row[0] != "model.max_seq_len"]
             continue
+        if name == "loggers":  # names, or a mapping of a name to its settings: each logger's keys
+            rows.append(("loggers", "list[str | Logger] | mapping", "[progress]", info.description or ""))
+            for logger, settings in LOGGERS.items():
+                rows += recipe_keys(settings, f"{prefix}loggers.{logger}.")
+            continue
         nested = _nested_models(info.annotation)
         if nested:
             index = ".N" if get_origin(info.annotation) is list else ""
@@ -259,6 +265,8 @@ def apply_override(tree: dict[str, Any], item: str) -> None:
     parts = key.strip().split(".")
     if not sep or not all(parts):
         raise RecipeError(f"override {item!r} must look like key.path=value")
+    if parts[0] == "loggers" and len(parts) > 1 and not parts[1].isdigit():  # `loggers.mlflow.x=`: as a mapping
+        tree["loggers"] = as_mapping(tree.get("loggers")) if tree.get("loggers") is not None else {}
     node: Any = tree
     for i, part in enumerate(parts[:-1]):
         path = ".".join(parts[:i])

@@ -32,7 +32,7 @@ from pydantic import (
 )
 
 from tessera.storage import StorageError, open_store
-from tessera.train.loggers import LOGGERS, Logger
+from tessera.train.logger_settings import LOGGERS, dump_loggers, parse_loggers
 from tessera.train.parallel.config import ParallelismConfig
 from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
 from tessera.train.time import Time, TimeUnit
@@ -173,16 +173,6 @@ def _microbatch(value: Any) -> Any:
     return value
 
 
-def _loggers(value: Any) -> list[Any]:
-    value = ["progress"] if value is None else [value] if isinstance(value, (str, Logger)) else value
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"loggers must be a list of names or Logger instances, got {value!r}")
-    for spec in value:
-        if not isinstance(spec, Logger) and not (isinstance(spec, str) and spec in LOGGERS):  # [1] is unhashable
-            raise ValueError(f"loggers: unknown logger {spec!r}; use one of {sorted(LOGGERS)} or a Logger instance")
-    return list(value)
-
-
 _DEVICE_RE = re.compile(r"^(cpu|cuda|mps|xpu|hpu|meta)(:\d+)?$")
 
 
@@ -255,8 +245,9 @@ class TrainerConfig(BaseModel):
         None, description="Samples per forward/backward; 'auto' halves it on out-of-memory; None: the batch.")
     global_batch_size: Annotated[int | None, _positive_or_none("for the loader's batch x world size")] = Field(
         None, description="Samples per step over all ranks; must be the loader's batch x world size.")
-    loggers: Annotated[list[str | Logger], BeforeValidator(_loggers)] = Field(
-        default_factory=lambda: ["progress"], description=f"Logger names ({', '.join(sorted(LOGGERS))}).")
+    loggers: Annotated[list[Any], BeforeValidator(parse_loggers), PlainSerializer(dump_loggers)] = Field(
+        default_factory=lambda: ["progress"], description=f"Logger names ({', '.join(LOGGERS)}), or a mapping "
+        "of name to its settings ({mlflow: {tracking_uri: ..., experiment: ...}}); see docs/trackers.md.")
     log_dir: Annotated[str, BeforeValidator(_fspath)] = Field("logs/{run_name}",
                                                               description="Where file loggers write.")
     log_interval: Interval = Field("1ba", description="How often to log the training metrics.")

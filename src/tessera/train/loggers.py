@@ -8,47 +8,37 @@ under `log_dir` and, when the run has a save folder, copy their files to `<save_
 flush, so the metrics of a run live next to its checkpoints in the bucket. A resumed run on a fresh
 machine first downloads the bucket's JSONL file and appends to it; a step logged twice (after a resume
 from an older checkpoint) keeps both lines, and readers take the last one.
+
+Experiment trackers (MLflow, Weights & Biases) are loggers too (train/trackers/, docs/trackers.md), named
+or configured like these (train/logger_settings.py). When `TESSERA_METRICS` names a file (the platform
+sets it for every run), rank 0 also writes the run's metrics stream there: the JSONL lines with the keys
+the console plots (`console_row`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tessera.storage import NotFound, Store
+from tessera.train.logger_base import METRICS_ENV, METRICS_FILE, Logger, RunInfo
+from tessera.train.logger_settings import (
+    LOGGERS,
+    JSONLSettings,
+    LoggerSettings,
+    ProgressSettings,
+    TensorBoardSettings,
+    parse_loggers,
+)
 
-
-@dataclass
-class RunInfo:
-    """What a logger knows about the run it logs."""
-
-    run_name: str
-    config: dict[str, Any] = field(default_factory=dict)
-    log_dir: Path = Path("logs")
-    remote: Store | None = None  # <save_folder>/logs, if the run saves checkpoints
-    start_progress: float = 0.0  # fraction of the run already done when this process starts (a resume)
-
-
-class Logger:
-    """Base class: override what you need."""
-
-    def start(self, run: RunInfo) -> None:
-        pass
-
-    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        pass
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
+__all__ = ["JSONLLogger", "LOGGERS", "METRICS_ENV", "Logger", "MetricsStreamLogger", "ProgressLogger", "RunInfo",
+           "TensorBoardLogger", "console_row", "eta_seconds", "make_loggers"]
 
 
 class ProgressLogger(Logger):
@@ -161,10 +151,11 @@ def _run_summary(metrics: dict[str, float]) -> str:
 class JSONLLogger(Logger):
     """One JSON object per line: {"step": ..., metric: value, ...} in `<log_dir>/metrics.jsonl`."""
 
-    FILENAME = "metrics.jsonl"
+    FILENAME = METRICS_FILE
 
-    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, console_keys: bool = False) -> None:
         self.path = Path(path) if path is not None else None
+        self.console_keys = console_keys  # also write the console's keys (console_row)
         self.remote: Store | None = None
         self._file: Any = None
         self._lock = threading.Lock()
@@ -182,7 +173,8 @@ class JSONLLogger(Logger):
         self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        line = json.dumps({"step": step, **metrics}, allow_nan=True)
+        row = console_row(metrics) if self.console_keys else metrics
+        line = json.dumps({"step": step, **row}, allow_nan=not self.console_keys)
         with self._lock:
             self._file.write(line + "\n")
 
@@ -241,21 +233,61 @@ class TensorBoardLogger(Logger):
             self._writer = None
 
 
-LOGGERS = {"progress": ProgressLogger, "jsonl": JSONLLogger, "tensorboard": TensorBoardLogger}
+# The console's names for the trainer's keys (the trainer's keys stay in the row too).
+CONSOLE_KEYS = {"loss/train": "train/loss", "loss/eval": "eval/loss", "lr": "lr/opt0"}
 
 
-def make_loggers(specs: Any) -> list[Logger]:
-    """Loggers from names ("progress", "jsonl", "tensorboard") and/or Logger instances."""
-    if specs is None:
-        specs = ["progress"]
-    if isinstance(specs, (str, Logger)):
-        specs = [specs]
-    out = []
-    for spec in specs:
-        if isinstance(spec, Logger):
-            out.append(spec)
-        elif spec in LOGGERS:
-            out.append(LOGGERS[spec]())
-        else:
-            raise ValueError(f"unknown logger {spec!r}; use one of {sorted(LOGGERS)} or a Logger instance")
+def console_row(metrics: dict[str, float]) -> dict[str, Any]:
+    """A metrics stream row: the trainer's metrics plus the console's names for the loss and the learning
+    rate, and NaN or infinity as null (strict JSON: a browser's JSON.parse refuses NaN)."""
+    row: dict[str, Any] = dict(metrics)
+    for alias, key in CONSOLE_KEYS.items():
+        if key in metrics:
+            row[alias] = metrics[key]
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+
+
+class MetricsStreamLogger(JSONLLogger):
+    """The platform's metrics file (`$TESSERA_METRICS`): JSONL rows with the console's keys, appended for
+    the whole run (a resumed run continues the file; a step logged twice: the last line counts). Local
+    only: no copy to the save folder, where the run's own metrics.jsonl goes. When a JSONL logger of the
+    run already writes that file, that logger adds the console's keys and this one stays silent, so no
+    line is written twice."""
+
+    def __init__(self, path: str | os.PathLike[str], siblings: list[JSONLLogger]) -> None:
+        super().__init__(path, console_keys=True)
+        self._siblings = siblings
+
+    def start(self, run: RunInfo) -> None:  # started after its siblings (make_loggers appends it last)
+        assert self.path is not None
+        for sibling in self._siblings:
+            if sibling.path is not None and os.path.abspath(sibling.path) == os.path.abspath(self.path):
+                sibling.console_keys = True
+                return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)  # noqa: SIM115 (closed in close())
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if self._file is not None:
+            super().log_metrics(metrics, step)
+
+
+def _build(settings: LoggerSettings) -> Logger:
+    if isinstance(settings, ProgressSettings):
+        return ProgressLogger(every=settings.every)
+    if isinstance(settings, JSONLSettings):
+        return JSONLLogger(settings.path)
+    if isinstance(settings, TensorBoardSettings):
+        return TensorBoardLogger(settings.path)
+    return settings.build()  # a tracker: its module (not its library) is imported now
+
+
+def make_loggers(specs: Any, environ: dict[str, str] | None = None) -> list[Logger]:
+    """Loggers from names, `{name: settings}` items and/or Logger instances (logger_settings.parse_loggers),
+    plus the platform's metrics stream when `$TESSERA_METRICS` is set."""
+    out = [item if isinstance(item, Logger) else _build(LOGGERS[item]() if isinstance(item, str) else item)
+           for item in parse_loggers(specs)]
+    stream = (os.environ if environ is None else environ).get(METRICS_ENV, "")
+    if stream:
+        out.append(MetricsStreamLogger(stream, [lg for lg in out if isinstance(lg, JSONLLogger)]))
     return out
