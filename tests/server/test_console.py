@@ -202,6 +202,11 @@ def test_run_appears_logs_stream_and_loss_plot_draws(server, page) -> None:  # t
     page.screenshot(path=str(_screenshot_path(folder)), full_page=True)
 
     page.locator("#clone-button").click()
+    page.locator("#ask-input").fill("gpt-125m-demo")        # taken: the server's refusal shows in the banner
+    page.locator("#ask-ok").click()
+    expect(page.locator("#banner")).to_contain_text("clone failed", timeout=WAIT_MS)
+    expect(page.locator("#banner")).to_contain_text("exists")
+    page.locator("#clone-button").click()
     page.locator("#ask-input").fill("gpt-125m-demo-2")
     page.locator("#ask-ok").click()
     expect(page.locator("#run-title")).to_have_text("gpt-125m-demo-2", timeout=WAIT_MS)

@@ -4,7 +4,7 @@
 const KEY = "tessera.apiKey";
 const BASE = "/api/v1";
 
-export class ApiError extends Error {
+class ApiError extends Error {
   constructor(status, message) {
     super(message);
     this.status = status;

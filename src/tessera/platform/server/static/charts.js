@@ -20,11 +20,12 @@ export class Charts {
     this.rows = [];
     this.next = 0;
     this.svgs = PLOTS.map((plot) => s("svg", { id: plot.id, class: "plot", role: "img", "aria-label": plot.title }));
-    this.element = h("section", { class: "card" },
-      h("div", { class: "card-head" }, h("h2", {}, "Metrics")),
-      h("div", { class: "plots" }, PLOTS.map((plot, i) => h("figure", {}, h("figcaption", {}, plot.title),
-        this.svgs[i]))));
-    this.draw();
+    this.plots = h("div", { class: "plots", hidden: true },
+      PLOTS.map((plot, i) => h("figure", {}, h("figcaption", {}, plot.title), this.svgs[i])));
+    this.empty = h("p", { class: "muted" }, "No metrics yet: a run reports them by appending JSON lines ",
+      "({\"step\": 1, \"loss/train\": 2.3, ...}) to the file $TESSERA_METRICS names; tessera train does.");
+    this.element = h("section", { class: "card" }, h("div", { class: "card-head" }, h("h2", {}, "Metrics")),
+      this.empty, this.plots);
   }
 
   async poll() {
@@ -37,6 +38,8 @@ export class Charts {
   }
 
   draw() {
+    this.plots.hidden = this.rows.length === 0;
+    this.empty.hidden = this.rows.length > 0;
     PLOTS.forEach((plot, i) => linePlot(this.svgs[i], seriesOf(this.rows, plot.match)));
   }
 }

@@ -2,7 +2,7 @@
 // and what runs where: the active runs, placed on the nodes of their newest resumption.
 
 import { api, runPath } from "./api.js";
-import { clear, every, h, hideBanner, statusBadge } from "./dom.js";
+import { clear, every, h, statusBadge } from "./dom.js";
 
 const MAX_PLACED_RUNS = 50;   // runs whose nodes are looked up; beyond that they are listed only
 
@@ -16,7 +16,6 @@ export function clustersPage(view) {
     const placements = await placeRuns(details);
     clear(list).append(...clusters.map((c, i) => clusterCard(c, details[i], placements)));
     if (clusters.length === 0) list.append(h("p", { class: "muted" }, "No clusters."));
-    hideBanner();
   });
 }
 

@@ -50,6 +50,13 @@ export function hideBanner() {
   document.getElementById("banner").hidden = true;
 }
 
+// A failed poll shows a warning that the next good poll takes away; an action's error or answer stays
+// until dismissed or replaced.
+function clearPollWarning() {
+  const banner = document.getElementById("banner");
+  if (banner.classList.contains("warning")) banner.hidden = true;
+}
+
 // --- formatting -------------------------------------------------------------------------------------
 
 export function age(seconds) {
@@ -87,15 +94,16 @@ export function statusBadge(status, attrs = {}) {
 }
 
 // Repeats `work` every `ms` milliseconds (and once now) until the returned stop function is called;
-// a slow answer is never overlapped by the next call, and a failed one shows in the banner.
+// a slow answer is never overlapped by the next call, and a failed one shows as a warning until one succeeds.
 export function every(ms, work) {
   let stopped = false;
   let timer = null;
   const tick = async () => {
     try {
       await work();
+      if (!stopped) clearPollWarning();
     } catch (error) {
-      if (!stopped && error.name !== "AbortError") showBanner(error.message);
+      if (!stopped && error.name !== "AbortError") showBanner(error.message, "warning");
     } finally {
       if (!stopped) timer = setTimeout(tick, ms);
     }

@@ -4,7 +4,7 @@
 import { api, runPath } from "./api.js";
 import { ask } from "./ask.js";
 import { Charts } from "./charts.js";
-import { age, clear, clock, every, h, hideBanner, showBanner, statusBadge } from "./dom.js";
+import { age, clear, clock, every, h, showBanner, statusBadge } from "./dom.js";
 import { LogView } from "./logview.js";
 import { Timeline } from "./timeline.js";
 
@@ -81,7 +81,6 @@ export function runPage(view, name) {
   const stopPolling = every(2000, async () => {
     show(await api(runPath(name)));
     await Promise.all([timeline.poll(), charts.poll()]);
-    hideBannerUnlessInfo();
   });
   return () => {
     stopPolling();
@@ -96,11 +95,6 @@ async function clusterNames() {
   } catch {
     return [];   // suggestions only: the user can still type a name
   }
-}
-
-// An error banner goes once a poll succeeds again; an "info" banner (an action's answer) stays.
-function hideBannerUnlessInfo() {
-  if (document.getElementById("banner").classList.contains("error")) hideBanner();
 }
 
 function renderFacts(facts, run) {

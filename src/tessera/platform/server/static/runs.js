@@ -1,7 +1,7 @@
 // #/runs: the team's runs, newest first, filtered by status and a name search, refreshed every 2 s.
 
 import { api, query } from "./api.js";
-import { age, clear, every, h, hideBanner, statusBadge } from "./dom.js";
+import { age, clear, every, h, statusBadge } from "./dom.js";
 
 const STATUSES = ["PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING", "COMPLETED", "FAILED", "STOPPED"];
 const LIMIT = 200;
@@ -33,7 +33,6 @@ export function runsPage(view) {
     render(body, data.runs);
     count.textContent = data.total > data.runs.length
       ? `${data.runs.length} of ${data.total} runs` : `${data.total} run${data.total === 1 ? "" : "s"}`;
-    hideBanner();
   };
   status.addEventListener("change", () => {
     filters.status = status.value;

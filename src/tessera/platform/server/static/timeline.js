@@ -10,6 +10,7 @@ export class Timeline {
   constructor(name) {
     this.name = name;
     this.events = [];
+    this.seen = 0;   // events received so far: the server's ?after= (the kept list may be trimmed)
     this.list = h("ol", { id: "resumption-timeline", class: "timeline" });
     this.eventBody = h("tbody");
     this.element = h("section", { class: "card" },
@@ -23,9 +24,10 @@ export class Timeline {
   }
 
   async poll() {
-    const data = await api(`${runPath(this.name)}/events?after=${this.events.length}`);
+    const data = await api(`${runPath(this.name)}/events?after=${this.seen}`);
     renderResumptions(this.list, data.resumptions || []);
     if (data.events.length) {
+      this.seen += data.events.length;
       this.events.push(...data.events);
       if (this.events.length > MAX_EVENTS) this.events.splice(0, this.events.length - MAX_EVENTS);
       renderEvents(this.eventBody, this.events);
@@ -53,7 +55,7 @@ function outcomeLine(r) {
   const parts = [r.outcome || "ended"];
   if (r.exit_code !== null && r.exit_code !== undefined) parts.push(`exit ${r.exit_code}`);
   if (r.detail) parts.push(r.detail);
-  return h("div", { class: `outcome outcome-${String(r.outcome || "").toLowerCase()}` }, parts.join(" · "));
+  return h("div", { class: `outcome outcome-${String(r.status).toLowerCase()}` }, parts.join(" · "));
 }
 
 function renderEvents(body, events) {
