@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from tessera.cli.main import app
 from tessera.platform import Platform, SecretError
+from tessera.platform.secret_crypto import _create_key_file
 from tessera.platform.secrets import SecretStore
 
 ENV_VALUE = "tok-8c1f2e9d7b"
@@ -107,6 +108,19 @@ def test_a_key_file_others_can_read_is_refused(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("TESSERA_SECRET_KEY_FILE", str(key))
     with pytest.raises(SecretError, match=r"can be read by other users \(mode 644\); run `chmod 600"):
         SecretStore(tmp_path / "home").create_env("api", {"API_TOKEN": ENV_VALUE})
+
+
+def test_a_key_another_process_just_made_is_kept(tmp_path: Path) -> None:
+    """Two processes making the key at once: the second links nothing over the first, and uses it."""
+    path = tmp_path / "home" / "secret.key"
+    path.parent.mkdir()
+    path.write_bytes(Fernet.generate_key())
+    path.chmod(0o600)
+    first = path.read_bytes()
+    _create_key_file(path)                       # lost the race: the file appeared before its link
+    assert path.read_bytes() == first and [p.name for p in path.parent.iterdir()] == ["secret.key"]
+    SecretStore(tmp_path / "home").create_env("api", {"API_TOKEN": ENV_VALUE})
+    assert Fernet(first).decrypt((tmp_path / "home" / "secrets" / "api.secret").read_bytes())
 
 
 def test_plaintext_secrets_of_earlier_versions_are_encrypted_on_first_access(tmp_path: Path) -> None:
