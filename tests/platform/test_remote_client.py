@@ -64,8 +64,9 @@ def sdk(server: LiveServer) -> Iterator[RemotePlatform]:  # noqa: F811
 
 def test_submit_follow_and_output_as_on_this_machine(server: LiveServer, client_home: Path,  # noqa: F811
                                                      tmp_path: Path) -> None:
-    spec = tmp_path / "spec.yaml"
-    spec.write_text("name: remote-hello\ncommand: echo hello from $RUN_NAME; echo step 2\n")
+    spec = tmp_path / "mcli.yaml"   # MCLI's run YAML: the client reads it as the local platform does
+    spec.write_text("run_name: remote-hello\ngpu_num: 0\ncluster: local\n"
+                    "command: |\n  echo hello from $RUN_NAME\n  echo step 2\n")
     done = tessera("run", "submit", "-f", str(spec), "--follow", env=remote(server))
     assert done.stdout.splitlines() == ["hello from remote-hello", "step 2"]
     assert "run remote-hello: COMPLETED" in done.stderr
@@ -107,7 +108,8 @@ def test_login_saves_a_private_key_file_and_bad_keys_fail_in_one_line(server: Li
     saved = client_home / "credentials.json"
     assert stat.S_IMODE(saved.stat().st_mode) == 0o600
     assert json.loads(saved.read_text()) == {"url": server.url, "api_key": server.keys["alice"]}
-    tessera("run", "list", "--json")   # through the saved credentials: alice's team's runs, not this home's
+    through_login = tessera("run", "list", "--json").stdout   # alice's team's runs, not this home's
+    assert through_login == tessera("run", "list", "--json", env=remote(server)).stdout
     assert not (client_home / "state.db").exists()
     refused = tessera("run", "list", env={"TESSERA_API_KEY": "tsk_wrong", "TESSERA_API_URL": server.url}, code=1)
     assert "not authorised" in error_line(refused)
@@ -143,6 +145,9 @@ def test_sdk_returns_what_the_local_platform_returns(server: LiveServer, sdk: Re
     listed = {info.name: info.type for info in sdk.secrets.list()}
     assert listed == {"tok": "env", "keyfile": "file"}
     assert "value-never-returned" not in repr(sdk.secrets.list())
+    secrets_listed = tessera("secret", "list", "--json", env=remote(server)).output
+    assert secrets_listed == tessera("secret", "list", "--json", env=local(server)).output
+    assert "keyfile" in secrets_listed and "value-never-returned" not in secrets_listed
     key.write_bytes(b"x" * (64 * 1024 + 1))
     with pytest.raises(SecretError, match="64 KiB"):
         sdk.secrets.create_file("big", key)

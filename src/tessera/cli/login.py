@@ -8,6 +8,7 @@ it. It is checked against the server (GET /api/v1/whoami) before it is saved, wi
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -15,7 +16,7 @@ import typer
 from tessera.cli.console import err, fail
 from tessera.platform import PlatformError
 from tessera.platform.client import RemotePlatform
-from tessera.platform.connect import forget_credentials, save_credentials
+from tessera.platform.connect import ENV_URL, forget_credentials, save_credentials
 
 
 def _read_key() -> str:
@@ -42,6 +43,8 @@ def login(url: str = typer.Argument(..., help="The server, e.g. http://tessera.e
     path = save_credentials(url, key)
     admin = ", admin" if who.get("admin") else ""
     err.print(f"logged in to {url} as {who.get('user')} (team {who.get('team')}{admin}); key saved in {path}")
+    if os.environ.get(ENV_URL, "").strip():
+        err.print(f"note: {ENV_URL} is set in this shell and wins over the saved credentials")
 
 
 def logout() -> None:

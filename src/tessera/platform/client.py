@@ -85,7 +85,7 @@ def _detail(body: bytes, status: int) -> str:
     try:
         detail = json.loads(body)["detail"]
     except (ValueError, KeyError, TypeError):
-        return body.decode("utf-8", errors="replace").strip()[:500] or f"HTTP {status}"
+        return " ".join(body.decode("utf-8", errors="replace").split())[:500] or f"HTTP {status}"
     if isinstance(detail, list):
         return "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}"
                          if isinstance(e, dict) else str(e) for e in detail)

@@ -60,11 +60,12 @@ def forget_credentials(home: str | Path | None = None) -> bool:
 def connect(home: str | Path | None = None) -> Platform | RemotePlatform:
     """The server named by the environment, else the one `tessera login` saved, else the local platform.
     With TESSERA_API_URL and no TESSERA_API_KEY, the saved key is used when it was saved for that URL."""
-    url = os.environ.get(ENV_URL, "").strip()
+    url, key = os.environ.get(ENV_URL, "").strip(), os.environ.get(ENV_KEY, "").strip()
+    if url and key:
+        return RemotePlatform(url, key)
     saved = load_credentials(home)
     if url:
-        key = os.environ.get(ENV_KEY) or (saved[1] if saved and saved[0].rstrip("/") == url.rstrip("/") else None)
-        return RemotePlatform(url, key)
+        return RemotePlatform(url, saved[1] if saved and saved[0].rstrip("/") == url.rstrip("/") else None)
     if saved:
         return RemotePlatform(*saved)
     return Platform(home)
