@@ -238,14 +238,15 @@ def test_tessera_metrics_gets_the_console_keys_on_each_log_line(tmp_path: Path,
     monkeypatch.setattr("tessera.train.trainer.device_peak_flops", lambda device, precision: 1e9)
     fit(tmp_path, ["jsonl"], steps=3, eval_dataloader=BATCHES[:1], eval_interval="3ba")
     rows = jsonl_rows(stream)
-    train = [r for r in rows if "train/loss" in r]
-    assert [r["step"] for r in train] == [1, 2, 3]
-    for row in train:
+    own = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")  # the run's own file: the trainer's keys
+    train = [(r, o) for r, o in zip(rows, own, strict=True) if "loss/train" in r]  # the same lines
+    assert [r["step"] for r, _ in train] == [1, 2, 3]
+    for row, trainer_row in train:
         assert {"loss/train", "lr", "throughput/tokens_per_sec", "throughput/mfu"} <= set(row)
-        assert row["loss/train"] == row["train/loss"] and row["lr"] == row["lr/opt0"]
-    assert [r["loss/eval"] for r in rows if "eval/loss" in r]
-    own = jsonl_rows(tmp_path / "logs" / "metrics.jsonl")  # the run's own file: the trainer's keys only
-    assert len(own) == len(rows) and not any("loss/train" in r for r in own)
+        assert "train/loss" not in row and "lr/opt0" not in row  # renamed: one line per plot, not two
+        assert row["loss/train"] == trainer_row["train/loss"] and row["lr"] == trainer_row["lr/opt0"]
+        assert row["throughput/mfu"] == trainer_row["throughput/mfu"] > 0
+    assert [r["loss/eval"] for r in rows if "loss/eval" in r]
 
 
 def test_a_jsonl_logger_writing_the_stream_file_is_not_doubled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,13 +254,12 @@ def test_a_jsonl_logger_writing_the_stream_file_is_not_doubled(tmp_path: Path, m
     monkeypatch.setenv("TESSERA_METRICS", str(stream))
     fit(tmp_path, [JSONLLogger(stream)], steps=2)
     rows = jsonl_rows(stream)
-    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2] and all("loss/train" in r for r in rows
-                                                                            if "train/loss" in r)
+    assert [r["step"] for r in rows if "loss/train" in r] == [1, 2] and not any("train/loss" in r for r in rows)
 
 
 def test_stream_rows_are_strict_json() -> None:
     row = console_row({"train/loss": math.nan, "lr/opt0": 0.1, "throughput/mfu": math.inf})
-    assert row == {"train/loss": None, "loss/train": None, "lr/opt0": 0.1, "lr": 0.1, "throughput/mfu": None}
+    assert row == {"loss/train": None, "lr": 0.1, "throughput/mfu": None}
     json.dumps(row, allow_nan=False)
 
 

@@ -155,7 +155,7 @@ class JSONLLogger(Logger):
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *, console_keys: bool = False) -> None:
         self.path = Path(path) if path is not None else None
-        self.console_keys = console_keys  # also write the console's keys (console_row)
+        self.console_keys = console_keys  # rows as the metrics stream has them (console_row)
         self.remote: Store | None = None
         self._file: Any = None
         self._lock = threading.Lock()
@@ -233,25 +233,23 @@ class TensorBoardLogger(Logger):
             self._writer = None
 
 
-# The console's names for the trainer's keys (the trainer's keys stay in the row too).
-CONSOLE_KEYS = {"loss/train": "train/loss", "loss/eval": "eval/loss", "lr": "lr/opt0"}
+# The trainer's keys the metrics stream renames to the platform's names (docs/trackers.md).
+CONSOLE_KEYS = {"train/loss": "loss/train", "eval/loss": "loss/eval", "lr/opt0": "lr"}
 
 
 def console_row(metrics: dict[str, float]) -> dict[str, Any]:
-    """A metrics stream row: the trainer's metrics plus the console's names for the loss and the learning
-    rate, and NaN or infinity as null (strict JSON: a browser's JSON.parse refuses NaN)."""
-    row: dict[str, Any] = dict(metrics)
-    for alias, key in CONSOLE_KEYS.items():
-        if key in metrics:
-            row[alias] = metrics[key]
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+    """A metrics stream row: the trainer's metrics with the loss and the learning rate under the platform's
+    names (renamed, not copied: the console plots every loss-like key, so a copy would draw each line
+    twice), and NaN or infinity as null (strict JSON: a browser's JSON.parse refuses NaN)."""
+    return {CONSOLE_KEYS.get(k, k): None if isinstance(v, float) and not math.isfinite(v) else v
+            for k, v in metrics.items()}
 
 
 class MetricsStreamLogger(JSONLLogger):
-    """The platform's metrics file (`$TESSERA_METRICS`): JSONL rows with the console's keys, appended for
+    """The platform's metrics file (`$TESSERA_METRICS`): JSONL rows with the platform's keys, appended for
     the whole run (a resumed run continues the file; a step logged twice: the last line counts). Local
     only: no copy to the save folder, where the run's own metrics.jsonl goes. When a JSONL logger of the
-    run already writes that file, that logger adds the console's keys and this one stays silent, so no
+    run already writes that file, that logger writes the platform's keys and this one stays silent, so no
     line is written twice."""
 
     def __init__(self, path: str | os.PathLike[str], siblings: list[JSONLLogger]) -> None:
