@@ -157,6 +157,9 @@ def page(browser):  # type: ignore[no-untyped-def]
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
+    # console errors too (a Content-Security-Policy refusal is one), but not the 401/409 answers the tests ask for
+    page.on("console", lambda message: errors.append(message.text)
+            if message.type == "error" and not message.text.startswith("Failed to load resource") else None)
     yield page
     context.close()
     assert not errors, f"the page raised: {errors}"
