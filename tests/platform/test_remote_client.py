@@ -138,6 +138,12 @@ def test_sdk_returns_what_the_local_platform_returns(server: LiveServer, sdk: Re
     assert sdk.run_metrics("sdk-run") == ([], 0)
     with pytest.raises(RunNotFound):
         sdk.get_run("../../etc")
+    tessera("cluster", "add", "box2", "--type", "local", env=remote(server))
+    rows = {row["name"]: row for row in map(json.loads, tessera("cluster", "list", "--json", env=remote(server))
+                                            .stdout.splitlines())}
+    assert (rows["box2"]["provider"], rows["box2"]["nodes"]) == ("local", 1)
+    tessera("cluster", "remove", "box2", env=remote(server))
+    assert "box2" in error_line(tessera("cluster", "describe", "box2", env=remote(server), code=1))
     key = tmp_path / "id_key"
     key.write_bytes(b"-----BEGIN KEY-----\nabc\n")
     sdk.secrets.create_env("tok", {"TOKEN": "value-never-returned"})
