@@ -182,6 +182,14 @@ def test_run_appears_logs_stream_and_loss_plot_draws(server, page) -> None:  # t
     assert "api_key" not in page.url                 # the key left the address bar (history, screenshots)
     assert page.evaluate("sessionStorage.getItem('tessera.apiKey')") == server["key"]
 
+    table = page.locator("#runs-table tbody")
+    page.locator("#run-search").fill("no-such-run")            # the search box asks the server (q=)
+    expect(table).to_have_text("No runs.")
+    page.locator("#run-search").fill("125m")
+    expect(table).to_contain_text("gpt-125m-demo")
+    page.locator("#status-filter").select_option("FAILED")     # nothing failed here
+    expect(table).to_have_text("No runs.")
+    page.locator("#status-filter").select_option("")
     page.locator("#runs-table a", has_text="gpt-125m-demo").click()
     expect(page.locator("#run-title")).to_have_text("gpt-125m-demo")
     log = page.locator("#log-view")
