@@ -26,8 +26,9 @@ from tessera.train.trackers.record import flat_params
 
 BATCHES = [{"x": torch.randn(4, 3, generator=torch.Generator().manual_seed(i)), "y": torch.ones(4, 1) * i}
            for i in range(4)]
-SECRETS = {"api_key": "sk-not-for-logs", "data": {"hf_token": "hf-not-for-logs", "token_encoding_type": "int64"},
-           "bucket": "s3://user:pw-not-for-logs@host/b"}
+SECRETS = {"api_key": "sk-not-for-logs", "bucket": "s3://user:pw-not-for-logs@host/b",
+           "data": {"hf_token": "hf-not-for-logs", "tokenizer": "byte", "accessKeyId": "AKIA-not-for-logs",
+                    "wandb_api_key_value": "not-for-logs", "max_tokens": 7, "DB_PASSWORD": "not-for-logs"}}
 
 
 class Linear(torch.nn.Module):
@@ -112,7 +113,7 @@ def test_mlflow_run_holds_the_params_metrics_and_artifacts_the_run_wrote(tmp_pat
 
     params = run.data.params
     assert params == flat_params(trainer.config) and params["recipe.optimizer.lr"] == "0.05"
-    assert params["data.token_encoding_type"] == "int64"
+    assert params["data.tokenizer"] == "byte" and params["data.max_tokens"] == "7"
     assert not any("not-for-logs" in k + v for k, v in params.items())  # secret keys dropped, URL password masked
     assert params["bucket"] == "s3://user:***@host/b"
 

@@ -140,7 +140,7 @@ def _item(item: Any) -> Any:
     if not isinstance(settings, dict):
         raise ValueError(f"loggers: {name}'s settings must be a mapping (or null for the defaults), got {settings!r}")
     try:
-        return cls(**settings)
+        return cls.model_validate(settings)
     except ValidationError as exc:
         raise ValueError(_settings_error(name, cls, exc)) from None
 

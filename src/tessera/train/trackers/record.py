@@ -20,18 +20,18 @@ from tessera.train.logger_base import RunInfo
 
 log = logging.getLogger(__name__)
 
-# A key is dropped when one of its words is one of these ...
-_SECRET_WORDS = {"secret", "secrets", "password", "passwd", "pwd", "credential", "credentials", "apikey",
-                 "auth", "authorization", "private"}
-# ... or when its last word is one of these (so `api_key`, `hf_token` go, `token_encoding_type` stays).
-_SECRET_LAST = {"key", "keys", "token", "tokens"}
+# A key is dropped when it contains one of these anywhere ...
+_SECRET_PARTS = ("secret", "password", "passwd", "apikey", "credential", "privatekey")
+# ... or when one of its words (split at punctuation and camelCase) is one of these. `tokenizer` and
+# `max_tokens` stay; `hf_token`, `accessKeyId` and `token_encoding_type` go: better a param lost than a
+# secret logged.
+_SECRET_WORDS = {"key", "keys", "token", "auth", "authorization", "pwd", "bearer", "cookie", "signature"}
 
 
 def is_secret_key(key: str) -> bool:
     """True for config keys that may hold a secret: api_key, secret_access_key, hf_token, password..."""
-    words = [w for w in re.split(r"[^a-z0-9]+", key.lower()) if w]
-    last = [w for w in re.split(r"[^a-z0-9]+", key.lower().rsplit(".", 1)[-1]) if w]
-    return bool(_SECRET_WORDS.intersection(words)) or (bool(last) and last[-1] in _SECRET_LAST)
+    words = [w for w in re.split(r"[^a-z0-9]+", re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", key).lower()) if w]
+    return any(part in "".join(words) for part in _SECRET_PARTS) or bool(_SECRET_WORDS.intersection(words))
 
 
 def without_secrets(config: Any) -> Any:
