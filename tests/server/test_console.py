@@ -61,7 +61,7 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
                           timeout=60)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chromium() -> str:
     done = subprocess.run(["bash", str(ROOT / "scripts" / "chromium-up.sh")], capture_output=True, text=True,
                           timeout=600)

@@ -43,7 +43,8 @@ export function runPage(view, name) {
     run = fresh;
     clear(status).append(statusBadge(run.status));
     renderFacts(facts, run);
-    spec.textContent = JSON.stringify(run.spec, null, 2);
+    const specText = JSON.stringify(run.spec, null, 2);
+    if (spec.textContent !== specText) spec.textContent = specText;   // keeps a selection across polls
     buttons.stop.disabled = TERMINAL.has(run.status) || run.status === "STOPPING";
     buttons.move.disabled = TERMINAL.has(run.status);
     logs.update(run);
