@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -77,13 +78,17 @@ class ServerProcess:
                                 stderr=subprocess.PIPE, text=True, env=self.env)
 
     def add_users(self, users: dict[str, str]) -> None:
-        """Create each user (name -> team), all at once, and keep the key the admin CLI prints once."""
-        made = {user: self.admin("create-user", user, "--team", team) for user, team in users.items()}
-        for user, process in made.items():
-            out, err = process.communicate(timeout=120)
-            if process.returncode != 0:
-                raise RuntimeError(f"tessera server admin create-user {user} failed: {err.strip()}")
-            self.keys[user] = out.strip()
+        """Create each user (name -> team) and keep the key the admin CLI prints once. The first user of
+        each team is made before the others (creating one new team from two processes at once is not
+        supported); each wave's commands run at once."""
+        firsts = {team: user for user, team in reversed(users.items())}
+        for wave in (set(firsts.values()), set(users) - set(firsts.values())):
+            made = {user: self.admin("create-user", user, "--team", users[user]) for user in sorted(wave)}
+            for user, process in made.items():
+                out, err = process.communicate(timeout=120)
+                if process.returncode != 0:
+                    raise RuntimeError(f"tessera server admin create-user {user} failed: {err.strip()[-2000:]}")
+                self.keys[user] = out.strip()
 
     def client(self, user: str | None = None, timeout: float = 60) -> httpx.Client:
         """An HTTP client on /api/v1/ with `user`'s key (none without a user)."""
@@ -131,3 +136,53 @@ def start_postgres() -> Postgres:
     if done.returncode != 0:
         raise RuntimeError(f"scripts/postgres-up.sh exited {done.returncode}: {done.stderr.strip()[-1000:]}")
     return Postgres(folder, done.stdout.strip().splitlines()[-1])
+
+
+@dataclass
+class Load:
+    """What `submit_load` did: the run names each user submitted, every answer's status code (and the
+    text of the unexpected ones), and how long submitting took."""
+    names: dict[str, list[str]]
+    codes: list[int]
+    errors: list[str]
+    seconds: float
+
+
+def load_spec(user: str, i: int, fail_every: int) -> dict[str, str]:
+    """The i-th run of `user`: prints a line, or (every `fail_every`-th) fails with exit status 3."""
+    name = f"load-{user}-{i:03d}"
+    failing = fail_every > 0 and i % fail_every == fail_every - 1
+    return {"name": name, "command": f"echo {name} fails; exit 3" if failing else f"echo {name} ok"}
+
+
+def submit_load(server: ServerProcess, users: list[str], total: int, threads: int = 8,
+                fail_every: int = 10) -> Load:
+    """Submit `total` runs spread evenly over `users`, all at once from `threads` threads (each user with
+    its own HTTP client, as separate people would), interleaving the users' requests."""
+    jobs = [(users[i % len(users)], i // len(users)) for i in range(total)]
+    clients = {user: server.client(user) for user in users}
+    load = Load({user: [] for user in users}, [], [], 0.0)
+
+    def submit(job: tuple[str, int]) -> None:
+        user, i = job
+        spec = load_spec(user, i, fail_every)
+        try:
+            answer = clients[user].post("runs", json={"spec": spec})
+        except httpx.HTTPError as exc:   # no answer at all: counted as lost
+            load.errors.append(f"{spec['name']}: {type(exc).__name__}: {exc}")
+            return
+        load.codes.append(answer.status_code)
+        if answer.status_code == 201:
+            load.names[user].append(answer.json()["name"])
+        else:
+            load.errors.append(f"{spec['name']}: {answer.status_code} {answer.text[:300]}")
+
+    started = time.monotonic()
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(submit, jobs))
+    finally:
+        for client in clients.values():
+            client.close()
+    load.seconds = time.monotonic() - started
+    return load
