@@ -81,6 +81,7 @@ class MLflowLogger(Logger):
                 self._create(run)
             self._log_params(flat_params(run.config))
         except MlflowException as exc:  # a store MLflow refuses or cannot reach: one line, the run stops here
+            self._client = None
             where = self.tracking_uri or "MLflow's default tracking URI"
             raise ValueError(f"loggers.mlflow: cannot log to {where}: {_first_sentence(exc.message)}") from None
         record.save({"run_id": self.run_id})
