@@ -228,6 +228,19 @@ def test_local_run_asking_for_gpus_runs_the_preflight_first(sick: bool, platform
     assert "4 uncorrectable ECC" in (run.first_error or "")
 
 
+def test_a_gpu_fault_seen_while_running_ends_the_resumption(platform: Platform, fake_gpus: Path) -> None:
+    """A node's log shows Xid 79 while the run would hang on (NCCL peers wait up to 10 minutes): the
+    supervisor ends the resumption at once and classifies it."""
+    write_scenario(fake_gpus, "default", gpus=1)
+    xid = "NVRM: Xid (PCI:0000:11:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    platform.create_run({"name": "offbus", "command": f"echo '{xid}'; sleep 300",
+                         "compute": {"gpus_per_node": 1}, "scheduling": {"stop_grace": "2s"}})
+    run = platform.wait_for_run_status("offbus", "FAILED", timeout=TIMEOUT)
+    [res] = run.resumptions
+    assert res.outcome == "node_fault" and "xid_79" in res.detail
+    assert any(e.kind == "gpu_fault" and "GPU has fallen off the bus" in e.message for e in run.events)
+
+
 def _has_gpus(cluster: SlurmCluster) -> bool:
     """Whether the virtual nodes declare GPUs (GRES), so that a spec may ask for them."""
     return "gpu:" in cluster.run("sinfo", "-N", "-h", "-o", "%G")

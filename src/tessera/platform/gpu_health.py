@@ -119,3 +119,23 @@ def preflight_step(spec: RunSpec) -> dict[str, Any] | None:
         return None
     return {"name": "gpu-preflight", "argv": ["{python}", PREFLIGHT_SCRIPT.name, *preflight_argv(spec)],
             "env": {}, "files": {PREFLIGHT_SCRIPT.name: str(PREFLIGHT_SCRIPT)}, "fault_exit": PREFLIGHT_FAULT_EXIT}
+
+
+def hardware_fault(logs: dict[int, str]) -> tuple[int, GpuFault] | None:
+    """The first GPU hardware fault (blame NODE) in the nodes' logs, with its node rank: seen while a
+    run is still going, it ends the resumption at once, rather than when NCCL's watchdog gives up on the
+    node's peers (10 minutes by default) or never, if the run sets no hang_timeout."""
+    for rank, text in sorted(logs.items()):
+        fault = next((f for f in scan(text) if f.blame is Blame.NODE), None)
+        if fault:
+            return rank, fault
+    return None
+
+
+def postmortem_step(spec: RunSpec) -> dict[str, Any] | None:
+    """The step to run on each node after a command that failed: it prints the Xid lines the kernel
+    logged since the pre-flight into the node's log, where classification finds them."""
+    if spec.compute.gpus_per_node <= 0:
+        return None
+    return {"name": "gpu-postmortem", "argv": ["{python}", PREFLIGHT_SCRIPT.name, "--after"], "env": {},
+            "files": {PREFLIGHT_SCRIPT.name: str(PREFLIGHT_SCRIPT)}}

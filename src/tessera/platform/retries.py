@@ -70,7 +70,8 @@ def _on_one_node(failure: Failure, backend: ClusterBackend) -> Failure:
                    "machine, so there is no other node to run on: repair the GPU, then `tessera run restart`")
 
 
-def _tail(path: Path, size: int = LOG_TAIL) -> str:
+def log_tail(path: Path, size: int = LOG_TAIL) -> str:
+    """The last `size` bytes of a node's log (what classification reads), "" when there is none."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -83,7 +84,7 @@ def _tail(path: Path, size: int = LOG_TAIL) -> str:
 def _evidence(ctx: SupervisorContext, res: ResumptionRecord, spec: RunSpec, backend: ClusterBackend,
               status: JobStatus, now: float) -> Evidence:
     folder = Path(res.folder)
-    logs = {r: _tail(backend.log_path(folder, r)) for r in range(spec.compute.nodes)}
+    logs = {r: log_tail(backend.log_path(folder, r)) for r in range(spec.compute.nodes)}
     seen = ctx.unhealthy.get(res.cluster, {})
     since = (res.start or res.submitted) - 5
     unhealthy = {n for n, t in seen.items() if t >= since}

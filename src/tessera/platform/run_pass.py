@@ -5,7 +5,7 @@ back what changed.
 - The job is queued or running: fold new heartbeats and events in; QUEUED -> STARTING when the processes
   are up -> RUNNING at the first heartbeat or log output; end the resumption gracefully (SIGTERM,
   `stop_grace`, then SIGKILL: STOPPING) on a request from the CLI/SDK (stop, move, restart) or on the
-  supervisor's own decision (hang, max_duration).
+  supervisor's own decision (hang, max_duration, a GPU hardware fault in a node's log: gpu_health.py).
 - The job has ended: COMPLETED, stopped, moved or restarted as requested, or a failure (retries.py).
 
 Each pass decides from the database and the cluster alone, so it can be repeated after a crash.
@@ -19,7 +19,8 @@ from typing import Any
 
 from tessera.platform.clusters import ClusterBackend, JobState, JobStatus
 from tessera.platform.progress import describe_event, events_path, read_events, read_heartbeat
-from tessera.platform.retries import resumption_failed
+from tessera.platform.gpu_health import hardware_fault
+from tessera.platform.retries import log_tail, resumption_failed
 from tessera.platform.spec import RunSpec, format_duration
 from tessera.platform.state import (
     COMPLETED,
@@ -36,6 +37,7 @@ from tessera.platform.submission import start_resumption
 from tessera.platform.supervisor_context import SupervisorContext
 
 REQUESTS = ("stop", "move", "restart")   # what the CLI/SDK may ask of an active run
+GPU_SCAN_TAIL = 16 * 1024                # bytes of each node's log scanned for GPU faults at every pass
 
 
 def step(ctx: SupervisorContext, run: RunRecord) -> None:
@@ -97,7 +99,7 @@ def _while_running(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord
     if res.stop_sent is None:
         reason = request
         if reason is None and state is JobState.RUNNING:
-            reason = _decide_stop(ctx, run, res, spec, now)
+            reason = _decide_stop(ctx, run, res, spec, backend, folder, now)
         if reason:
             handle["cancelled"] = True
             changes.update(stop_sent=now, stop_reason=reason, handle=handle)
@@ -128,8 +130,15 @@ def _while_running(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord
 
 
 def _decide_stop(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, spec: RunSpec,
-                 now: float) -> str | None:
-    """'hang' or 'max_duration' when the supervisor must end the resumption itself."""
+                 backend: ClusterBackend, folder: Path, now: float) -> str | None:
+    """'gpu_fault', 'hang' or 'max_duration' when the supervisor must end the resumption itself."""
+    if spec.compute.gpus_per_node:
+        logs = {r: log_tail(backend.log_path(folder, r), GPU_SCAN_TAIL) for r in range(spec.compute.nodes)}
+        found = hardware_fault(logs)
+        if found:
+            rank, fault = found
+            ctx.db.add_event(run.id, "gpu_fault", f"node {rank}: {fault.describe()}; ending the resumption")
+            return "gpu_fault"
     hang_timeout = spec.scheduling.hang_timeout
     if hang_timeout and res.start is not None:
         reference = max(res.last_progress or 0.0, res.start)
