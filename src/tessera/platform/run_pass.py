@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from tessera.platform.clusters import ClusterBackend, JobState, JobStatus
-from tessera.platform.progress import describe_event, events_path, read_events, read_heartbeat
 from tessera.platform.gpu_health import hardware_fault
+from tessera.platform.progress import describe_event, events_path, read_events, read_heartbeat
 from tessera.platform.retries import log_tail, resumption_failed
 from tessera.platform.spec import RunSpec, format_duration
 from tessera.platform.state import (
