@@ -10,6 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
+from tessera.platform.secrets import SecretStore
 
 runner = CliRunner()
 KEY = "wJalrXUtnFEMI-not-a-real-key"
@@ -24,9 +25,8 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def stored(home: Path, name: str) -> dict:
-    """The secret's stored fields (the file the platform keeps with mode 0600)."""
-    (path,) = [p for p in home.rglob("*") if p.is_file() and name in p.name and p.suffix == ".json"]
-    return json.loads(path.read_text())
+    """The secret's stored fields, decrypted by the platform's own store (they are encrypted on disk)."""
+    return SecretStore(home).get(name).model_dump(mode="json")
 
 
 def create(*args: str, **kwargs):
@@ -58,7 +58,7 @@ def test_the_old_form_still_works_with_a_warning(home: Path) -> None:
 
 @pytest.mark.parametrize(("args", "hint"), [
     (["--access-key-id", "AKID"], "--stdin"),                           # no key and no terminal to prompt on
-    (["--from-env"], "AWS_SECRET_ACCESS_KEY"),                           # the variable is not set
+    (["--from-env"], "AWS_ACCESS_KEY_ID"),                               # the variables are not set
     (["--access-key-id", "AKID", "--stdin", "--from-file", "k"], "one way"),
     (["--access-key-id", "AKID", "--from-file", "/no/such/key.txt"], "/no/such/key.txt"),
 ])

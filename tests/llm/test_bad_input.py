@@ -67,7 +67,7 @@ def with_data(prepped: Path, *extra: str) -> list[str]:
     ("save_num_checkpoints_to_keep=0", ["save_num_checkpoints_to_keep", "0"]),
     ("keep=0", ["'keep'", "did you mean 'save_num_checkpoints_to_keep'"]),
     ("lr=3e-4", ["'lr'", "did you mean 'optimizer.lr'"]),
-    ("loggers=[progress,wandb]", ["loggers", "'wandb'"]),
+    ("loggers=[progress,neptune]", ["loggers", "'neptune'"]),
     ("data.train.streams.3.remote=./x", ["data.train.streams", "'3'"]),
     ("model=!!python/object:os.system {}", ["model=", "python/object"]),
     ("save_folder=ftp://host/ckpt", ["save_folder", "ftp://host/ckpt"]),

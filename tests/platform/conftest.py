@@ -43,6 +43,8 @@ def platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A Platform on a fresh TESSERA_HOME; its supervisor polls every 0.2 s and retries without delay."""
     home = tmp_path / "home"
     monkeypatch.setenv("TESSERA_HOME", str(home))
+    monkeypatch.delenv("TESSERA_API_URL", raising=False)  # the CLI would talk to a server instead
+    monkeypatch.delenv("TESSERA_API_KEY", raising=False)
     monkeypatch.setenv("TESSERA_SUPERVISOR_POLL", "0.2")
     monkeypatch.setenv("TESSERA_SUPERVISOR_IDLE", "60")
     monkeypatch.setenv("TESSERA_RETRY_BACKOFF", "0")

@@ -27,7 +27,7 @@ def test_settings_are_typed_and_written_back_as_strings() -> None:
     ({"max_duration": "1ba", "save_num_checkpoints_to_keep": 0}, "save_num_checkpoints_to_keep must be >= 1"),
     ({"max_duration": "1ba", "grad_clip_norm": float("nan")}, "grad_clip_norm must be a positive number"),
     ({"max_duration": "1ba", "run_name": "../up"}, "run_name '../up' is refused"),
-    ({"max_duration": "1ba", "loggers": ["wandb"]}, "loggers: unknown logger 'wandb'"),
+    ({"max_duration": "1ba", "loggers": ["neptune"]}, "loggers: unknown logger 'neptune'"),
     ({"max_duration": "1ba", "save_folder": "ftp://h/x"}, "save_folder: ftp://h/x: unsupported scheme 'ftp'"),
     ({"max_duration": "1ba", "seed": "3"}, "seed: Input should be a valid integer"),  # strict: no "3" -> 3
     ({}, "missing key 'max_duration'"),

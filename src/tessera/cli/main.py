@@ -1,36 +1,67 @@
-"""The `tessera` command. Each layer adds its sub-command group here."""
+"""The `tessera` command. Each layer adds its sub-command group here.
+
+Sub-commands are imported when they are asked for: `tessera run list` or `tessera server start` must not
+pay for torch and transformers (two seconds per call), which only `train`, `llm` and `data` need.
+"""
 
 from __future__ import annotations
 
+import importlib
+
+import click
 import typer
+from typer.core import TyperGroup
 
 from tessera import __version__
 from tessera.cli import console
-from tessera.cli.cluster import app as cluster_app
-from tessera.cli.data import app as data_app
-from tessera.cli.distributed_launch import CONTEXT as LAUNCH_CONTEXT
-from tessera.cli.distributed_launch import launch
-from tessera.cli.llm import app as llm_app
-from tessera.cli.login import login, logout
-from tessera.cli.run import app as run_app
-from tessera.cli.secret import app as secret_app
-from tessera.cli.server import app as server_app
-from tessera.cli.storage import app as storage_app
-from tessera.cli.train import train
+
+# name -> (module, attribute, is a group of sub-commands, the module's attribute holding the command's click
+# context settings or None); in `--help` order.
+_COMMANDS: dict[str, tuple[str, str, bool, str | None]] = {
+    "storage": ("tessera.cli.storage", "app", True, None),
+    "data": ("tessera.cli.data", "app", True, None),
+    "run": ("tessera.cli.run", "app", True, None),
+    "cluster": ("tessera.cli.cluster", "app", True, None),
+    "secret": ("tessera.cli.secret", "app", True, None),
+    "server": ("tessera.cli.server", "app", True, None),
+    "launch": ("tessera.cli.distributed_launch", "launch", False, "CONTEXT"),
+    "llm": ("tessera.cli.llm", "app", True, None),
+    "train": ("tessera.cli.train", "train", False, None),
+    "login": ("tessera.cli.login", "login", False, None),
+    "logout": ("tessera.cli.login", "logout", False, None),
+}
+
+
+def _load(name: str) -> click.Command:
+    """Import one sub-command and turn it into the click command typer would have made at start-up."""
+    module_name, attr, is_group, context_attr = _COMMANDS[name]
+    module = importlib.import_module(module_name)
+    target = getattr(module, attr)
+    if is_group:
+        command = typer.main.get_command(target)
+    else:
+        context = getattr(module, context_attr) if context_attr else None
+        single = typer.Typer()
+        single.command(name, context_settings=context)(target)
+        command = typer.main.get_command(single)
+    command.name = name
+    return command
+
+
+class LazyGroup(TyperGroup):
+    """A typer group whose sub-commands are imported on first use (module docstring)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*_COMMANDS, *(n for n in self.commands if n not in _COMMANDS)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in _COMMANDS:
+            self.commands[cmd_name] = _load(cmd_name)
+        return self.commands.get(cmd_name)
+
 
 app = typer.Typer(help="Tessera: train models on any compute, with data and checkpoints in object storage.",
-                  no_args_is_help=True, pretty_exceptions_enable=False)
-app.add_typer(storage_app, name="storage")
-app.add_typer(data_app, name="data")
-app.add_typer(run_app, name="run")
-app.add_typer(cluster_app, name="cluster")
-app.add_typer(secret_app, name="secret")
-app.add_typer(server_app, name="server")
-app.command("launch", context_settings=LAUNCH_CONTEXT)(launch)
-app.add_typer(llm_app, name="llm")
-app.command("train")(train)
-app.command("login")(login)
-app.command("logout")(logout)
+                  no_args_is_help=True, pretty_exceptions_enable=False, cls=LazyGroup)
 
 
 @app.callback(invoke_without_command=True)

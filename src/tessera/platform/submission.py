@@ -106,7 +106,7 @@ def _adopt(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord) -> boo
 def _launch_request(ctx: SupervisorContext, run: RunRecord, spec: RunSpec, idx: int, folder: Path,
                     now: float) -> LaunchRequest:
     names = [info.name for info in ctx.secrets.list()] if spec.all_secrets else spec.secrets
-    injection = ctx.secrets.injection(names)
+    injection = ctx.secrets.injection(names, folder)
     env = _run_env(run, spec, idx, folder)
     time_limit = None
     if spec.scheduling.max_duration:

@@ -132,6 +132,7 @@ class ClusterBackend(ABC):
         folder = handle.get("folder")
         if folder:
             (Path(folder) / "secrets.json").unlink(missing_ok=True)
+            shutil.rmtree(Path(folder) / "secrets", ignore_errors=True)  # decrypted secret files
 
     def log_path(self, folder: Path, node_rank: int) -> Path:
         return folder / f"node-{node_rank}.log"
