@@ -241,6 +241,20 @@ def test_a_gpu_fault_seen_while_running_ends_the_resumption(platform: Platform, 
     assert any(e.kind == "gpu_fault" and "GPU has fallen off the bus" in e.message for e in run.events)
 
 
+def test_a_failed_command_gets_the_kernels_new_xids_into_its_log(platform: Platform, fake_gpus: Path) -> None:
+    """The program dies without printing why; the kernel logged Xid 79 meanwhile. The launcher's
+    post-mortem step puts that line into the node's log, so the run is blamed on the GPU, not the code."""
+    write_scenario(fake_gpus, "default", gpus=1)
+    xid = "NVRM: Xid (PCI:0000:11:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    scenario = json.dumps({"gpus": json.loads((fake_gpus / "default.json").read_text())["gpus"], "xids": [xid]})
+    platform.create_run({"name": "silent", "compute": {"gpus_per_node": 1},
+                         "command": f"echo '{scenario}' > {fake_gpus / 'default.json'}; exit 3"})
+    run = platform.wait_for_run_status("silent", "FAILED", timeout=TIMEOUT)
+    log = "\n".join(platform.follow_logs("silent", follow=False))
+    assert "gpu-postmortem" in log and "Xid (PCI:0000:11:00): 79" in log
+    assert run.resumptions[0].outcome == "node_fault" and "xid_79" in (run.resumptions[0].detail or "")
+
+
 def _has_gpus(cluster: SlurmCluster) -> bool:
     """Whether the virtual nodes declare GPUs (GRES), so that a spec may ask for them."""
     return "gpu:" in cluster.run("sinfo", "-N", "-h", "-o", "%G")

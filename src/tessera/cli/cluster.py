@@ -39,13 +39,22 @@ def add(name: str = typer.Argument(..., help="Cluster name (used as compute.clus
         kubeconfig: str = typer.Option(None, help="Kubernetes: kubeconfig file (default: ~/.kube/config)."),
         context: str = typer.Option(None, help="Kubernetes: kubeconfig context."),
         host: str = typer.Option(None, help="Kubernetes: API server URL (instead of a kubeconfig)."),
+        container: str = typer.Option(None, help="Slurm: how a run's image runs (pyxis | apptainer)."),
+        container_runtime: str = typer.Option(None, "--container-runtime",
+                                              help="Local: podman | docker | none (default: the one found)."),
+        require_image: bool = typer.Option(False, "--require-image",
+                                           help="Refuse runs with an image this cluster cannot run in it "
+                                                "(default: run on the host with a warning in the logs)."),
+        preemptible_qos: str = typer.Option(None, "--preemptible-qos",
+                                            help="Slurm: the QOS for runs with scheduling.preemptible."),
         replace: bool = typer.Option(False, "--replace", help="Overwrite a cluster of the same name.")) -> None:
     """Register a cluster."""
     try:
         cfg = _platform().add_cluster(name, type_, replace=replace, partition=partition, account=account,
                                        slurm_conf=slurm_conf, master_addr=master_addr, python=python,
                                        namespace=namespace, image=image, kubeconfig=kubeconfig, context=context,
-                                       host=host)
+                                       host=host, container=container, container_runtime=container_runtime,
+                                       require_image=require_image or None, preemptible_qos=preemptible_qos)
     except PlatformError as exc:
         fail(exc)
     err.print(f"added cluster {name} ({cfg['type']})")

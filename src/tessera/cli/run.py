@@ -123,6 +123,12 @@ def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Prin
               f"retry_on_system_failure={sched['retry_on_system_failure']}, "
               f"max_duration={format_duration(sched['max_duration'])}, "
               f"hang_timeout={format_duration(sched['hang_timeout'])}, priority={sched['priority']}")
+    if spec.get("integrations"):
+        out.print(f"integrations: {', '.join(i.get('integration_type', '?') for i in spec['integrations'])}")
+    if spec.get("image"):
+        out.print(f"image: {spec['image']}")
+    if spec.get("metadata"):
+        out.print(f"metadata: {json.dumps(spec['metadata'], sort_keys=True)}", markup=False)
     table = Table("#", "CLUSTER", "JOB", "NODES", "START", "END", "EXIT", "CAUSE", "OUTCOME", title="resumptions")
     for r in info["resumptions"]:
         outcome = r["outcome"] or r["status"]
@@ -249,10 +255,8 @@ def clone(name: str,
 @app.command("convert")
 def convert(file: str = typer.Argument(..., help="An MCLI run YAML.")) -> None:
     """Print the Tessera run spec an MCLI run YAML becomes (what `run submit -f FILE` runs)."""
-    try:
-        from tessera.platform.mcli import to_run_spec
-    except ImportError:
-        fail("`tessera run convert` needs tessera.platform.mcli, which this installation does not have")
+    from tessera.platform.mcli import to_run_spec
+
     try:
         with open(file, encoding="utf-8") as f:
             data = yaml.safe_load(f)

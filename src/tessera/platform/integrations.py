@@ -29,7 +29,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from tessera.platform.gpu_health import preflight_step
+from tessera.platform.gpu_health import postmortem_step, preflight_step
 from tessera.platform.spec import AptPackagesIntegration, GitRepoIntegration, PipPackagesIntegration, RunSpec
 
 NODE_WORKDIR = "{folder}/work-{rank}"
@@ -118,6 +118,13 @@ def node_prelude(spec: RunSpec) -> list[dict[str, Any]]:
     seconds, before minutes of cloning and installing), then the integrations."""
     preflight = preflight_step(spec)
     return ([preflight] if preflight else []) + prelude_steps(spec)
+
+
+def node_postmortem(spec: RunSpec) -> list[dict[str, Any]]:
+    """What a node runs after its command failed: the kernel's GPU Xid lines since the pre-flight go into
+    the node's log, where the failure classifier reads them."""
+    step = postmortem_step(spec)
+    return [step] if step else []
 
 
 def node_workdir(spec: RunSpec) -> str | None:

@@ -133,7 +133,10 @@ def _decide_stop(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, 
                  backend: ClusterBackend, folder: Path, now: float) -> str | None:
     """'gpu_fault', 'hang' or 'max_duration' when the supervisor must end the resumption itself."""
     if spec.compute.gpus_per_node:
-        logs = {r: log_tail(backend.log_path(folder, r), GPU_SCAN_TAIL) for r in range(spec.compute.nodes)}
+        # only nodes whose command runs: a failed pre-flight ends its node by itself (with its own exit code)
+        running = [r for r in range(spec.compute.nodes)
+                   if (folder / f"node-{r}.start").exists() and not (folder / f"node-{r}.exit").exists()]
+        logs = {r: log_tail(backend.log_path(folder, r), GPU_SCAN_TAIL) for r in running}
         found = hardware_fault(logs)
         if found:
             rank, fault = found

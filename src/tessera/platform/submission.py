@@ -19,7 +19,7 @@ from typing import Any
 
 from tessera.platform.clusters import LaunchRequest
 from tessera.platform.errors import ClusterError, PlatformError
-from tessera.platform.integrations import node_prelude, node_workdir
+from tessera.platform.integrations import node_postmortem, node_prelude, node_workdir
 from tessera.platform.placement import too_few_nodes
 from tessera.platform.retries import retry_submission
 from tessera.platform.spec import RunSpec
@@ -113,7 +113,8 @@ def _launch_request(ctx: SupervisorContext, run: RunRecord, spec: RunSpec, idx: 
         time_limit = max(60.0, spec.scheduling.max_duration - ctx.run_time(run, now))
     return LaunchRequest(run.id, run.name, idx, folder, spec, env, dict(injection.env), injection.files,
                          exclude=ctx.db.excluded_nodes(run.cluster), time_limit=time_limit,
-                         workdir=run.workdir, prelude=node_prelude(spec), node_workdir=node_workdir(spec))
+                         workdir=run.workdir, prelude=node_prelude(spec), node_workdir=node_workdir(spec),
+                         postmortem=node_postmortem(spec))
 
 
 def _run_env(run: RunRecord, spec: RunSpec, idx: int, folder: Path) -> dict[str, str]:

@@ -85,6 +85,7 @@ class LaunchRequest:
     time_limit: float | None = None
     workdir: str | None = None          # where the launcher starts (the folder the run was submitted from)
     prelude: list[dict[str, Any]] = field(default_factory=list)   # steps before the command (integrations.py)
+    postmortem: list[dict[str, Any]] = field(default_factory=list)  # steps after a failed command (GPU Xids)
     node_workdir: str | None = None     # the command's folder on each node, if not `workdir` (a template)
 
 
@@ -151,10 +152,10 @@ def write_launch_files(request: LaunchRequest, torchrun: list[str], *, grace: fl
                                        f"{request.spec.command}\n", encoding="utf-8")
     config = {"procs_per_node": request.spec.compute.ranks_per_node, "torchrun": torchrun, "grace": grace,
               "workdir": request.node_workdir or request.workdir, "prelude": request.prelude,
-              "notes": list(notes or [])}
+              "postmortem": request.postmortem, "notes": list(notes or [])}
     (folder / "launch.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     (folder / "launch.py").write_text(LAUNCHER.read_text(encoding="utf-8"), encoding="utf-8")
-    for step in request.prelude:   # scripts a step runs (the GPU pre-flight), beside launch.py
+    for step in [*request.prelude, *request.postmortem]:   # scripts a step runs (GPU checks), beside launch.py
         for name, source in (step.get("files") or {}).items():
             shutil.copyfile(source, folder / name)
     if secrets_in_file and (request.secret_env or request.secret_files):

@@ -232,6 +232,9 @@ def main():
         sig = exit_code - 128 if exit_code > 128 else None
     else:
         _reap_group(pgid, me, 2.0, exit_code)
+    if exit_code != 0 and not stopping:
+        for step in cfg.get("postmortem") or []:   # e.g. the GPU Xids the kernel logged: into this log
+            _run_step(step, env, workdir, rank)
     _write_json(os.path.join(HERE, f"node-{rank}.exit"),
                 {"rank": rank, "node": node, "exit_code": exit_code, "signal": sig, "time": time.time()})
     return exit_code

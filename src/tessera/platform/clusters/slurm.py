@@ -89,12 +89,12 @@ class SlurmBackend(ClusterBackend):
                                "Slurm's commands read, e.g. /etc/slurm/slurm.conf)")
         if conf and os.path.isdir(conf):
             raise ClusterError(f"cluster {name!r}: slurm.conf {conf} is a folder, not a file")
+        container = config.get("container")
+        if container and container not in CONTAINERS:   # refused when the cluster is added, not at a run
+            raise ClusterError(f"cluster {name!r}: container {container!r} is not one of {', '.join(CONTAINERS)}")
 
     def check(self, spec: RunSpec) -> None:
         container = self.config.get("container")
-        if container and container not in CONTAINERS:
-            raise ClusterError(f"cluster {self.name!r}: container {container!r} is not one of "
-                               f"{', '.join(CONTAINERS)}")
         if spec.image and self.config.get("require_image") and not container:
             raise ClusterError(f"the run asks for image {spec.image} and cluster {self.name!r} requires images "
                                "(require_image), but has no container support configured (container: pyxis "
