@@ -216,3 +216,25 @@ def test_find_adopts_a_created_job_by_its_name(stub: KubeStub, tmp_path: Path) -
     found = backend.find(req)
     assert found is not None and (found["job_id"], found["kind"]) == (handle["job_id"], "Job")
     assert found["objects"] == handle["objects"]
+
+
+def test_secret_files_are_binary_safe_distinct_and_their_folders_point_into_the_pod(tmp_path: Path) -> None:
+    """Two secrets each holding a file called `secret` do not overwrite each other, bytes that are not
+    UTF-8 survive, and a variable naming the local folder of a file (DOCKER_CONFIG) names the pod's."""
+    import base64
+
+    base = request(tmp_path)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "secret").write_bytes(b"\x00\xff binary keystore")
+    (tmp_path / "b" / "secret").write_text("ssh key\n")
+    files = [(tmp_path / "a" / "secret", "/secrets/a/secret", "SECRET_PATH_A"),
+             (tmp_path / "b" / "secret", "/secrets/b/secret", "SECRET_PATH_B")]
+    req = LaunchRequest("rid", "kube", 0, base.folder, base.spec, base.env,
+                        secret_env={"DOCKER_CONFIG": str(tmp_path / "b")}, secret_files=files)
+    secret, _, job = build_manifests(req, {"namespace": "ml"})
+    contents = sorted(base64.b64decode(v) for v in secret["data"].values())
+    assert contents == [b"\x00\xff binary keystore", b"ssh key\n"]
+    assert secret["stringData"]["env.DOCKER_CONFIG"] == "/secrets/b"
+    env = _env(job["spec"]["template"]["spec"]["containers"][0])
+    assert (env["SECRET_PATH_A"], env["SECRET_PATH_B"]) == ("/secrets/a/secret", "/secrets/b/secret")

@@ -19,6 +19,7 @@ context, host (API server URL instead of a kubeconfig), verify_ssl, master_port 
 
 from __future__ import annotations
 
+import base64
 import re
 import time
 from pathlib import Path
@@ -101,14 +102,21 @@ def build_manifests(request: LaunchRequest, config: dict[str, Any]) -> list[dict
     objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "name": f"{name}-params"},
                     "data": {"parameters.yaml": yaml.safe_dump(spec.parameters, sort_keys=False)}})
     if request.secret_env or request.secret_files:
-        data = {f"env.{_secret_key(k)}": v for k, v in request.secret_env.items()}
+        # Secret variables that name a file or folder on this machine (DOCKER_CONFIG, SECRET_PATH_X) must
+        # name the same thing where the pod mounts it.
+        in_pod = {}
+        for path, mount, _ in request.secret_files:
+            in_pod[str(path)] = mount
+            in_pod[str(Path(path).parent)] = str(Path(mount).parent)
+        data = {f"env.{_secret_key(k)}": in_pod.get(v, v) for k, v in request.secret_env.items()}
+        files: dict[str, str] = {}
         items = []
-        for path, mount, var in request.secret_files:
-            key = f"file.{_secret_key(path.name)}"
-            data[key] = Path(path).read_text(encoding="utf-8")
+        for i, (path, mount, var) in enumerate(request.secret_files):
+            key = f"file.{i}.{_secret_key(path.name)}"   # two secrets may both hold a file named "secret"
+            files[key] = base64.b64encode(Path(path).read_bytes()).decode()   # binary-safe (keystores, DER)
             items.append((key, mount, var))
         objects.insert(0, {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-                           "metadata": {**meta, "name": f"{name}-secrets"}, "stringData": data})
+                           "metadata": {**meta, "name": f"{name}-secrets"}, "stringData": data, "data": files})
         env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": f"{name}-secrets", "key": f"env.{_secret_key(k)}"}}}
                 for k in request.secret_env]
         for i, (key, mount, var) in enumerate(items):

@@ -44,15 +44,17 @@ export class Charts {
   }
 }
 
+// After a resume the run logs again from its last checkpoint, so a step can come twice: the later row
+// wins (it is what the resumed run computed), and each line is drawn in step order, never doubling back.
 function seriesOf(rows, match) {
   const byKey = new Map();
   rows.forEach((row, i) => {
     const x = Number.isFinite(row.step) ? row.step : i;
     for (const [key, value] of Object.entries(row)) {
       if (typeof value !== "number" || !match(key)) continue;
-      if (!byKey.has(key)) byKey.set(key, []);
-      byKey.get(key).push([x, value]);
+      if (!byKey.has(key)) byKey.set(key, new Map());
+      byKey.get(key).set(x, value);
     }
   });
-  return Array.from(byKey, ([label, points]) => ({ label, points }));
+  return Array.from(byKey, ([label, points]) => ({ label, points: Array.from(points).sort((a, b) => a[0] - b[0]) }));
 }
