@@ -97,7 +97,8 @@ class Platform:
         faults = {f["node"]: f for f in self.db.node_faults(name)}
         if isinstance(nodes, list):
             out["nodes"] = [{"name": n.name, "state": n.state, "healthy": n.healthy, "reason": n.reason,
-                             "excluded": n.name in excluded, "faults": faults.get(n.name, {}).get("faults", 0)}
+                             "excluded": n.name in excluded, "faults": faults.get(n.name, {}).get("faults", 0),
+                             "cpus": n.cpus, "gpus": n.gpus, "gpu_type": n.gpu_type}
                             for n in nodes]
         else:
             out["nodes"] = nodes

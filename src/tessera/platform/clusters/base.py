@@ -13,6 +13,7 @@ import json
 import shlex
 import shutil
 import socket
+import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -68,6 +69,36 @@ class NodeInfo:
     healthy: bool
     reason: str = ""
     cpus: int | None = None
+    gpus: int = 0
+    gpu_type: str | None = None
+
+
+def parse_gres(gres: str) -> tuple[int, str | None]:
+    """(GPU count, GPU type) of a Slurm node's Gres string: "gpu:a100:8(S:0-1),nic:1" -> (8, "a100"),
+    "gpu:2" -> (2, None), "" -> (0, None)."""
+    count, kind = 0, None
+    for item in filter(None, (part.strip() for part in gres.split(","))):
+        fields = item.split("(")[0].split(":")
+        if fields[0] != "gpu" or len(fields) < 2:
+            continue
+        try:
+            count += int(fields[-1])
+        except ValueError:
+            continue
+        if len(fields) > 2:
+            kind = kind or fields[1]
+    return count, kind
+
+
+def local_gpus() -> tuple[int, str | None]:
+    """(count, model) of this machine's NVIDIA GPUs from `nvidia-smi`; (0, None) without a driver."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0, None
+    names = [line.strip() for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+    return len(names), (names[0] if names else None)
 
 
 @dataclass

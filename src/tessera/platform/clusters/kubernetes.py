@@ -417,5 +417,9 @@ class KubernetesBackend(ClusterBackend):
             healthy = bool(ready and ready.status == "True") and not unschedulable
             state = ("ready" if ready and ready.status == "True" else "not-ready") + \
                 ("+cordoned" if unschedulable else "")
-            out.append(NodeInfo(node.metadata.name, state, healthy, (ready.message or "") if ready else ""))
+            allocatable = (node.status.allocatable or {}) if node.status else {}
+            labels = node.metadata.labels or {}
+            out.append(NodeInfo(node.metadata.name, state, healthy, (ready.message or "") if ready else "",
+                                gpus=int(allocatable.get("nvidia.com/gpu", 0) or 0),
+                                gpu_type=labels.get("nvidia.com/gpu.product")))
         return out

@@ -26,6 +26,7 @@ from tessera.platform.clusters.base import (
     LaunchRequest,
     NodeInfo,
     hostname,
+    local_gpus,
     no_runtime_note,
     read_node_exits,
     read_node_starts,
@@ -162,7 +163,8 @@ class LocalBackend(ClusterBackend):
             subprocess.run([runtime, "rm", "-f", name], capture_output=True, timeout=60, check=False)
 
     def nodes(self) -> list[NodeInfo]:
-        return [NodeInfo(hostname(), "up", True, cpus=os.cpu_count())]
+        gpus, model = local_gpus()
+        return [NodeInfo(hostname(), "up", True, cpus=os.cpu_count(), gpus=gpus, gpu_type=model)]
 
 
 def _processes_running(script: str) -> list[int]:

@@ -27,6 +27,7 @@ from tessera.platform.clusters.base import (
     LaunchRequest,
     NodeInfo,
     no_runtime_note,
+    parse_gres,
     read_node_exits,
     shell_join,
     write_launch_files,
@@ -256,5 +257,7 @@ class SlurmBackend(ClusterBackend):
             flags = {str(f).upper() for f in n.get("state_flags") or []}
             healthy = state in _HEALTHY and not flags & _BAD_FLAGS
             label = state + ("+" + "+".join(sorted(flags)).lower() if flags else "")
-            infos.append(NodeInfo(str(n.get("name")), label, healthy, str(n.get("reason") or ""), n.get("cpus")))
+            gpus, gpu_type = parse_gres(str(n.get("gres") or ""))
+            infos.append(NodeInfo(str(n.get("name")), label, healthy, str(n.get("reason") or ""), n.get("cpus"),
+                                  gpus, gpu_type))
         return infos
