@@ -7,14 +7,17 @@ from __future__ import annotations
 import hashlib
 import os
 import sqlite3
+import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from alembic.script import ScriptDirectory
+from server.conftest import SERVER_CLI, start_server, stop_server
 
-from tessera.platform.server.db import MIGRATIONS
+from tessera.platform.server.accounts import Accounts
+from tessera.platform.server.db import MIGRATIONS, make_engine, session_factory
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +130,6 @@ def test_keys_are_stored_hashed_and_revocable(server) -> None:  # type: ignore[n
 
 
 def test_migrations_are_at_head_and_a_second_start_works(server) -> None:  # type: ignore[no-untyped-def]
-    from conftest import start_server, stop_server
-
     head = ScriptDirectory(str(MIGRATIONS)).get_current_head()
     with sqlite3.connect(server.home / "server.db") as db:
         assert db.execute("SELECT version_num FROM alembic_version").fetchall() == [(head,)]
@@ -173,3 +174,34 @@ def test_followers_that_leave_free_their_threads_then_stop_and_delete(server) ->
         assert alice.get("runs/quiet").status_code == 404
         actions = [(e["action"], e["target"]) for e in alice.get("audit").json()["entries"][:3]]
         assert actions == [("delete", "quiet"), ("stop", "quiet"), ("submit", "quiet")]
+
+
+def test_admins_manage_users_and_keys_and_revoked_keys_get_401(server, hello_run) -> None:  # type: ignore[no-untyped-def]
+    accounts = Accounts(session_factory(make_engine(f"sqlite:///{server.home / 'server.db'}")))
+    root = accounts.create_user("root", "ops", admin=True)    # on the host, as `admin create-user --admin`
+    with server.client() as api:
+        as_root = {"X-API-Key": root}
+        made = api.post("admin/users", json={"name": "carol", "team": "red"}, headers=as_root)
+        assert made.status_code == 201 and made.json()["team"] == "red"
+        assert api.post("admin/users", json={"name": "carol", "team": "blue"}, headers=as_root).status_code == 409
+        first = {"X-API-Key": made.json()["api_key"]}
+        assert api.get("runs/hello", headers=first).json()["user"] == "alice"     # carol is in alice's team
+        second = api.post("admin/users/carol/keys", headers=as_root).json()["api_key"]
+        assert api.get("whoami", headers={"X-API-Key": second}).json()["user"] == "carol"
+        revoked = subprocess.run([*SERVER_CLI, "admin", "revoke-key", second[:12], "--home", str(server.home)],
+                                 capture_output=True, text=True, env=server.env, timeout=60)
+        assert revoked.returncode == 0 and revoked.stdout == "", revoked.stderr
+        assert api.get("whoami", headers={"X-API-Key": second}).status_code == 401
+        assert api.get("whoami", headers=first).status_code == 200
+        users = {u.name: u for u in accounts.list_users()}
+        assert users["carol"].keys == [made.json()["api_key"][:12]] and users["root"].admin
+        audit = [(e["user"], e["action"], e["target"]) for e in api.get("audit", headers=as_root).json()["entries"]]
+        assert ("root", "user create", "carol") in audit
+
+
+@pytest.mark.parametrize("query", [{"limit": 1001}, {"limit": 0}, {"offset": -1}, {"q": "x" * 64},
+                                   {"status": "DANCING"}, {"user": "a..b"}])
+def test_list_bounds_are_refused_in_one_line(server, query) -> None:  # type: ignore[no-untyped-def]
+    with server.client("alice") as alice:
+        answer = alice.get("runs", params=query)
+    assert answer.status_code in (400, 422) and "\n" not in answer.json()["detail"]

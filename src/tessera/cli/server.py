@@ -4,6 +4,8 @@ users and API keys, acting on the server's database directly, on the server's ho
 from __future__ import annotations
 
 import json
+import socket
+import sys
 from pathlib import Path
 
 import typer
@@ -21,6 +23,7 @@ admin = typer.Typer(help="Teams, users and API keys (on the server's host; keys 
 app.add_typer(admin, name="admin")
 
 HOME_HELP = "Server home: server.db, secret.key, teams/<team>/ (default: $TESSERA_HOME/server)."
+GRACEFUL_STOP = 3.0   # seconds open requests get to finish when the server stops
 DB_HELP = "SQLAlchemy database URL (default: $TESSERA_DB_URL, else SQLite in the home)."
 
 
@@ -67,9 +70,13 @@ def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.
     except Exception as exc:
         fail(f"cannot start the server ({safe_url(settings.db_url)}): {type(exc).__name__}: "
              f"{str(exc).splitlines()[0] if str(exc) else ''}")
-    err.print(f"Tessera server on {settings.url}  (console: {settings.url}/, API: {settings.url}/api/v1, "
-              f"home {settings.home}, database {safe_url(settings.db_url)})", soft_wrap=True, highlight=False)
-    uvicorn.run(application, host=host, port=port, log_level=log_level.lower())
+    _check_port(host, port)
+    typer.echo(f"Tessera server on {settings.url}  (console: {settings.url}/, API: {settings.url}/api/v1, "
+               f"home {settings.home}, database {safe_url(settings.db_url)})")
+    sys.stdout.flush()
+    # Followers of a quiet run's logs would otherwise hold a stop (Ctrl-C) until their runs end.
+    uvicorn.run(application, host=host, port=port, log_level=log_level.lower(),
+                timeout_graceful_shutdown=GRACEFUL_STOP)
 
 
 @admin.command("create-team")
@@ -123,6 +130,17 @@ def list_users(home: Path = typer.Option(None, "--home", help=HOME_HELP),
     for u in users:
         table.add_row(u.name, u.team, "yes" if u.admin else "", ", ".join(u.keys) or "-")
     out.print(table)
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail in one line if the address is taken (uvicorn would log it and exit 3)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another server? choose --port)")
 
 
 def _act(action):  # type: ignore[no-untyped-def]
