@@ -21,6 +21,7 @@ DIR=${1:?usage: postgres-up.sh DIR [PORT [DATABASE]]}
 PORT=${2:-55432}
 DATABASE=${3:-tessera}
 case "$PORT" in ''|*[!0-9]*) log "PORT must be a number, not '$PORT'"; exit 2 ;; esac
+[ "$PORT" -ge 1 ] && [ "$PORT" -le 65535 ] || { log "PORT must be 1..65535, not $PORT"; exit 2; }
 case "$DATABASE" in ''|*[!a-z0-9_]*) log "DATABASE must be lower-case letters, digits and _, not '$DATABASE'"; exit 2 ;; esac
 
 find_bin() {  # the newest PostgreSQL's bin folder that has pg_ctl, or nothing

@@ -6,6 +6,7 @@ scoping and the audit log all live in PostgreSQL, and survive the server's resta
 from __future__ import annotations
 
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import psycopg
 import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from server_proc import Postgres, ServerProcess, server_env, start_postgres, wait_all_done
+from server_proc import SCRIPTS, Postgres, ServerProcess, server_env, start_postgres, wait_all_done
 from typer.testing import CliRunner
 
 from tessera.cli.server import app as server_cli
@@ -118,3 +119,13 @@ def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
     assert done.exit_code == 1, done.output
     assert "Traceback" not in done.output and "hunter2" not in done.output
     assert "cannot open the server database" in done.output
+
+
+def test_postgres_up_again_finds_the_running_server(postgres: Postgres, pg_server: ServerProcess) -> None:
+    """scripts/postgres-up.sh on a folder whose server runs: the same URL (its real port, whatever port is
+    asked for), the database and its tables kept."""
+    again = subprocess.run([str(SCRIPTS / "postgres-up.sh"), str(postgres.folder), str(free_port())],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip() == postgres.url and again.stderr == ""
+    assert sorted(sql(postgres, "SELECT name FROM teams")) == [("blue",), ("red",)]
