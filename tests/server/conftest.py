@@ -72,7 +72,7 @@ def start_server(folder: Path, home: Path, env: dict[str, str]) -> tuple[str, su
     url = f"http://127.0.0.1:{port}"
     log = folder / f"server-{port}.log"
     with open(log, "wb") as out:
-        process = subprocess.Popen([*SERVER_CLI, "start", "--port", str(port),
+        process = subprocess.Popen([*SERVER_CLI, "start", "--port", str(port), "--log-level", "info",
                                     "--home", str(home)], stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT

@@ -120,8 +120,14 @@ def test_audit_names_who_did_what_per_team(server, hello_run) -> None:  # type: 
         assert alice.get("admin/users").status_code == 403
 
 
-def test_keys_are_stored_hashed_and_revocable(server) -> None:  # type: ignore[no-untyped-def]
+def test_keys_are_stored_hashed_and_kept_out_of_the_access_log(server) -> None:  # type: ignore[no-untyped-def]
     key = server.keys["bob"]
+    assert httpx.get(f"{server.url}/?api_key={key}").status_code == 200   # the console's login link
+    deadline = time.monotonic() + 5
+    while "GET /?api_key=tsk_**** HTTP/1.1" not in server.log.read_text():
+        assert time.monotonic() < deadline, server.log.read_text()[-2000:]
+        time.sleep(0.05)
+    assert key not in server.log.read_text()
     stored = b"".join(p.read_bytes() for p in server.home.glob("server.db*"))
     assert key.encode() not in stored
     with sqlite3.connect(server.home / "server.db") as db:

@@ -4,6 +4,8 @@ users and API keys, acting on the server's database directly, on the server's ho
 from __future__ import annotations
 
 import json
+import logging
+import re
 import socket
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ admin = typer.Typer(help="Teams, users and API keys (on the server's host; keys 
 app.add_typer(admin, name="admin")
 
 HOME_HELP = "Server home: server.db, secret.key, teams/<team>/ (default: $TESSERA_HOME/server)."
+_KEY = re.compile(r"tsk_[A-Za-z0-9_-]+")
 GRACEFUL_STOP = 3.0   # seconds open requests get to finish when the server stops
 DB_HELP = "SQLAlchemy database URL (default: $TESSERA_DB_URL, else SQLite in the home)."
 
@@ -75,8 +78,10 @@ def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.
                f"home {settings.home}, database {safe_url(settings.db_url)})")
     sys.stdout.flush()
     # Followers of a quiet run's logs would otherwise hold a stop (Ctrl-C) until their runs end.
-    uvicorn.run(application, host=host, port=port, log_level=log_level.lower(),
-                timeout_graceful_shutdown=GRACEFUL_STOP)
+    config = uvicorn.Config(application, host=host, port=port, log_level=log_level.lower(),
+                            timeout_graceful_shutdown=GRACEFUL_STOP)
+    logging.getLogger("uvicorn.access").addFilter(_HideKeys())
+    uvicorn.Server(config).run()
 
 
 @admin.command("create-team")
@@ -130,6 +135,15 @@ def list_users(home: Path = typer.Option(None, "--home", help=HOME_HELP),
     for u in users:
         table.add_row(u.name, u.team, "yes" if u.admin else "", ", ".join(u.keys) or "-")
     out.print(table)
+
+
+class _HideKeys(logging.Filter):
+    """Access-log lines show each path with its query: the console's `/?api_key=K` must not put K in a log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_KEY.sub("tsk_****", a) if isinstance(a, str) else a for a in record.args)
+        return True
 
 
 def _check_port(host: str, port: int) -> None:
