@@ -8,7 +8,9 @@ import logging
 import re
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import typer
 from rich.table import Table
@@ -25,6 +27,7 @@ admin = typer.Typer(help="Teams, users and API keys (on the server's host; keys 
 app.add_typer(admin, name="admin")
 
 HOME_HELP = "Server home: server.db, secret.key, teams/<team>/ (default: $TESSERA_HOME/server)."
+T = TypeVar("T")
 _KEY = re.compile(r"tsk_[A-Za-z0-9_-]+")
 GRACEFUL_STOP = 3.0   # seconds open requests get to finish when the server stops
 DB_HELP = "SQLAlchemy database URL (default: $TESSERA_DB_URL, else SQLite in the home)."
@@ -39,6 +42,7 @@ def _settings(home: Path | None, db: str | None, **more: object) -> ServerSettin
 
 
 def _accounts(home: Path | None, db: str | None) -> Accounts:
+    # Imported here, as uvicorn and the app are in `start`: every `tessera` command loads this module.
     from tessera.platform.server.db import make_engine, migrate, session_factory
 
     settings = _settings(home, db)
@@ -47,8 +51,10 @@ def _accounts(home: Path | None, db: str | None) -> Accounts:
         migrate(engine)
     except ValueError as exc:
         fail(exc, code=2)
+        raise   # not reached: fail() exits
     except Exception as exc:   # the database is unreachable or refused us: one line, not a traceback
         fail(f"cannot open the server database: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        raise   # not reached: fail() exits
     return Accounts(session_factory(engine))
 
 
@@ -70,6 +76,7 @@ def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.
         application = create_app(settings)
     except ValueError as exc:
         fail(exc, code=2)
+        raise   # not reached: fail() exits
     except Exception as exc:
         fail(f"cannot start the server ({safe_url(settings.db_url)}): {type(exc).__name__}: "
              f"{str(exc).splitlines()[0] if str(exc) else ''}")
@@ -157,12 +164,13 @@ def _check_port(host: str, port: int) -> None:
             fail(f"cannot listen on {host}:{port}: {exc.strerror or exc} (another server? choose --port)")
 
 
-def _act(action):  # type: ignore[no-untyped-def]
+def _act(action: Callable[[], T]) -> T:
     """Run an account action; a refused one (exists, unknown, bad name) is a usage error."""
     try:
         return action()
     except (PlatformError, ValueError) as exc:
         fail(exc, code=2)
+        raise   # not reached: fail() exits
 
 
 if __name__ == "__main__":   # `python -m tessera.cli.server start`: the server without the other commands' imports
