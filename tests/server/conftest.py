@@ -47,10 +47,11 @@ class LiveServer:
     log: Path
     keys: dict[str, str] = field(default_factory=dict)
 
-    def client(self, user: str | None = None) -> httpx.Client:
+    def client(self, user: str | None = None, connections: int = 10) -> httpx.Client:
         """An HTTP client on /api/v1/, with `user`'s key (none without a user)."""
         headers = {"Authorization": f"Bearer {self.keys[user]}"} if user else {}
-        return httpx.Client(base_url=f"{self.url}/api/v1/", headers=headers, timeout=30)
+        return httpx.Client(base_url=f"{self.url}/api/v1/", headers=headers, timeout=30,
+                            limits=httpx.Limits(max_connections=connections))
 
     def wait_done(self, user: str, name: str, timeout: float = 30.0) -> dict[str, object]:
         """The run once it has ended (COMPLETED, FAILED or STOPPED)."""

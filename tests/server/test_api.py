@@ -4,6 +4,7 @@ limit, secrets that never come back, the audit log and the database's migrations
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sqlite3
@@ -158,18 +159,20 @@ def _open_state_dbs(pid: int) -> int:
     return count
 
 
-def test_followers_that_leave_free_their_threads_then_stop_and_delete(server) -> None:  # type: ignore[no-untyped-def]
-    """A run that prints nothing: a follower that disconnects must not leave a thread (and its database
-    connection) waiting on it."""
+def test_quiet_runs_followers_hold_no_worker_thread_and_leave_nothing_open(server) -> None:  # type: ignore[no-untyped-def]
+    """A run that prints nothing: more followers than the server has worker threads (40) must not stop
+    the API, and followers that disconnect must not leave a reader (and its connection) behind."""
     with server.client("alice") as alice:
         assert alice.post("runs", json={"spec": {"name": "quiet", "command": "sleep 60"}}).status_code == 201
         deadline = time.monotonic() + 20
         while not alice.get("runs/quiet").json()["resumptions"]:   # launched (RUNNING needs a heartbeat)
             assert time.monotonic() < deadline, "run quiet did not start"
             time.sleep(0.1)
-        for _ in range(20):
-            with alice.stream("GET", "runs/quiet/logs", params={"follow": 1}) as stream:
+        with contextlib.ExitStack() as streams, server.client("alice", connections=64) as followers:
+            for _ in range(45):
+                stream = streams.enter_context(followers.stream("GET", "runs/quiet/logs", params={"follow": 1}))
                 assert stream.status_code == 200
+            assert alice.get("runs", timeout=10).json()["total"] >= 2
         deadline = time.monotonic() + 10
         while _open_state_dbs(server.process.pid) > 1:   # 1: a request of this test's, closing
             assert time.monotonic() < deadline, f"{_open_state_dbs(server.process.pid)} connections left open"
