@@ -20,6 +20,7 @@ from tessera.platform.run_info import Run
 from tessera.platform.sdk import Platform
 
 MAX_BUFFERED = 5000   # lines read ahead of a slow client
+KEEPALIVE = 15.0      # seconds of silence after which the stream sends a comment
 WAIT = 0.25           # seconds between checks for a client that left, while the buffer is full
 
 
@@ -40,9 +41,13 @@ class LogFeed:
         self.gone = threading.Event()
         threading.Thread(target=self._read, name=f"logs of {name}", daemon=True).start()
 
-    async def take(self) -> tuple[list[str], str | None]:
-        """(the lines read since the last call, the run's final status once the reader has finished)."""
-        await self.ready.wait()
+    async def take(self, timeout: float) -> tuple[list[str], str | None] | None:
+        """(the lines read since the last call, the run's final status once the reader has finished), or
+        None after `timeout` seconds without either."""
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except TimeoutError:
+            return None
         with self.lock:
             lines, self.lines = self.lines, []
             self.ready.clear()
@@ -95,7 +100,11 @@ async def sse_events(platform: Platform, name: str, rank: int | None, resumption
     feed = LogFeed(platform, name, rank, resumption)
     try:
         while True:
-            lines, end = await feed.take()
+            batch = await feed.take(KEEPALIVE)
+            if batch is None:      # a comment, which clients ignore: proxies close connections idle for long
+                yield ": keep-alive\n\n"
+                continue
+            lines, end = batch
             if lines:
                 yield "".join(_event(line) for line in lines)
             if end is not None:
