@@ -61,6 +61,25 @@ def test_a_run_completes_and_only_its_team_sees_it(server, hello_run) -> None:  
         assert duplicate.status_code == 409
         invalid = alice.post("runs", json={"spec": {"name": "broken"}})
         assert invalid.status_code == 422 and "command" in invalid.json()["detail"]
+        events = alice.get("runs/hello/events").json()["events"]
+        assert events[0]["kind"] == "created" and alice.get("runs/hello/events", params={"after": 1}).json()[
+            "events"] == events[1:]
+        assert alice.get("runs/hello/metrics").json() == {"rows": [], "next": 0}   # echo reports none
+
+
+def test_clusters_belong_to_their_team(server) -> None:  # type: ignore[no-untyped-def]
+    with server.client("alice") as alice, server.client("bob") as bob:
+        assert alice.post("clusters", json={"name": "box", "type": "local"}).status_code == 201
+        assert [c["name"] for c in alice.get("clusters").json()["clusters"]] == ["box", "local"]
+        assert "nodes" in alice.get("clusters/box").json()
+        assert [c["name"] for c in bob.get("clusters").json()["clusters"]] == ["local"]
+        assert bob.get("clusters/box").status_code == 404 and bob.delete("clusters/box").status_code == 404
+        assert alice.post("clusters/box/nodes/n1/clear").json() == {"cluster": "box", "node": "n1", "cleared": False}
+        assert alice.post("clusters", json={"name": "box", "type": "local"}).status_code == 400
+        assert alice.delete("clusters/box").status_code == 204
+        assert alice.get("clusters/box").status_code == 404
+        actions = [(e["action"], e["target"]) for e in alice.get("audit").json()["entries"][:3]]
+        assert actions == [("cluster remove", "box"), ("node clear", "box/n1"), ("cluster add", "box")]
 
 
 def test_logs_whole_and_followed_hide_secret_values(server, hello_run) -> None:  # type: ignore[no-untyped-def]
