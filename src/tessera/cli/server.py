@@ -14,6 +14,7 @@ from typing import TypeVar
 
 import typer
 from rich.table import Table
+from sqlalchemy.exc import SQLAlchemyError
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import PlatformError
@@ -165,11 +166,15 @@ def _check_port(host: str, port: int) -> None:
 
 
 def _act(action: Callable[[], T]) -> T:
-    """Run an account action; a refused one (exists, unknown, bad name) is a usage error."""
+    """Run an account action; a refused one (exists, unknown, bad name) is a usage error, a database that
+    fails is a runtime one (one line, no traceback)."""
     try:
         return action()
     except (PlatformError, ValueError) as exc:
         fail(exc, code=2)
+        raise   # not reached: fail() exits
+    except SQLAlchemyError as exc:
+        fail(f"the server database failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
         raise   # not reached: fail() exits
 
 

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tessera.platform.errors import PlatformError
@@ -70,9 +71,16 @@ class Accounts:
         return name
 
     def create_user(self, name: str, team: str, *, admin: bool = False) -> str:
-        """Create the user (and the team if it is missing); returns the user's first API key."""
+        """Create the user (and the team if it is missing); returns the user's first API key. Another
+        process may create the same new team at the same moment: then the insert is tried once more."""
         validate_name(name, "user name")
         validate_name(team, "team name")
+        try:
+            return self._create_user(name, team, admin)
+        except IntegrityError:
+            return self._create_user(name, team, admin)
+
+    def _create_user(self, name: str, team: str, admin: bool) -> str:
         with self.sessions.begin() as s:
             if s.scalar(select(User).where(User.name == name)):
                 raise AccountExists(f"user {name!r} exists; give them another key with `new-key {name}`")
