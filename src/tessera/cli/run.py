@@ -18,7 +18,6 @@ from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
 from tessera.platform.client import RemotePlatform
 from tessera.platform.connect import connect
-from tessera.platform.server.schemas import run_summary
 from tessera.platform.spec import format_duration
 
 app = typer.Typer(help="Submit runs and watch, stop, restart, move, clone or delete them.", no_args_is_help=True)
@@ -70,10 +69,8 @@ def submit(file: str = typer.Option(..., "-f", "--file", help="Run spec YAML."),
 
 def _summaries(platform: AnyPlatform, status: str | None, cluster: str | None, user: str | None,
                limit: int | None) -> list[dict[str, Any]]:
-    """The rows `run list` shows: the server's summaries, or the same dicts made here from local runs."""
-    if isinstance(platform, RemotePlatform):
-        return platform.run_summaries(status, cluster, limit, user=user)[0]
-    return [run_summary(run) for run in platform.list_runs(status, cluster, limit, user=user)]
+    """The rows `run list` shows (the same from the local platform and the server)."""
+    return platform.run_summaries(status, cluster, limit, user=user)[0]
 
 
 @app.command("list")

@@ -85,6 +85,14 @@ class Run:
     def done(self) -> bool:
         return self.status in TERMINAL
 
+    def summary(self) -> dict[str, Any]:
+        """A row of the runs list (CLI, API, console): what a table shows, without spec, events and resumptions."""
+        compute = self.spec.compute
+        return {"name": self.name, "id": self.id, "status": self.status, "cluster": self.cluster,
+                "user": self.user, "gpus": compute.gpus_per_node * compute.nodes, "nodes": compute.nodes,
+                "created": self.created, "updated": self.updated, "ended": self.ended,
+                "resumptions": len(self.resumptions)}
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready description (the spec names secrets; values are never here)."""
         return {"id": self.id, "name": self.name, "status": self.status, "cluster": self.cluster,

@@ -181,6 +181,13 @@ class Platform:
         """How many runs `list_runs` would return without a limit (a page's total)."""
         return self.db.count_runs(run_statuses(status), cluster, user=user, q=q)
 
+    def run_summaries(self, status: str | Iterable[str] | None = None, cluster: str | None = None,
+                      limit: int | None = None, *, user: str | None = None, offset: int = 0,
+                      q: str | None = None) -> tuple[list[dict[str, Any]], int]:
+        """(a summary row per run of the page, how many match): what `run list` and the console show."""
+        rows = [run.summary() for run in self.list_runs(status, cluster, limit, user=user, offset=offset, q=q)]
+        return rows, self.count_runs(status, cluster, user=user, q=q)
+
     def wait_for_run_status(self, name: str, status: str | Iterable[str], timeout: float | None = None,
                             poll: float = 0.25) -> Run:
         """Wait until the run reaches `status`, or passes it: waiting for an active status (e.g. RUNNING)

@@ -7,7 +7,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tessera.platform.run_info import Run
 from tessera.platform.spec import MAX_GPUS_PER_NODE, MAX_RETRIES, validate_name
 
 NAME_MAX = 63
@@ -99,10 +98,3 @@ class NewTeam(_Body):
 
     _team = field_validator("name")(_name)
 
-
-def run_summary(run: Run) -> dict[str, Any]:
-    """A row of the runs list: what a table shows, without the spec, events and resumptions."""
-    compute = run.spec.compute
-    return {"name": run.name, "id": run.id, "status": run.status, "cluster": run.cluster, "user": run.user,
-            "gpus": compute.gpus_per_node * compute.nodes, "nodes": compute.nodes, "created": run.created,
-            "updated": run.updated, "ended": run.ended, "resumptions": len(run.resumptions)}

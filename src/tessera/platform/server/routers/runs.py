@@ -17,7 +17,6 @@ from tessera.platform.server.schemas import (
     MoveRun,
     SubmitRun,
     UpdateRun,
-    run_summary,
 )
 from tessera.platform.spec import validate_name
 
@@ -35,9 +34,8 @@ def list_runs(platform: TeamPlatform,
     for name, what in ((cluster, "cluster name"), (user, "user name")):
         if name:
             validate_name(name, what)
-    runs = platform.list_runs(statuses, cluster, limit, user=user, offset=offset, q=q or None)
-    total = platform.count_runs(statuses, cluster, user=user, q=q or None)
-    return {"runs": [run_summary(r) for r in runs], "total": total}
+    rows, total = platform.run_summaries(statuses, cluster, limit, user=user, offset=offset, q=q or None)
+    return {"runs": rows, "total": total}
 
 
 @router.post("", status_code=201)
