@@ -12,7 +12,7 @@ from rich.table import Table
 from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
 from tessera.platform.client import RemotePlatform
-from tessera.platform.connect import connect
+from tessera.platform.connection import connect
 
 app = typer.Typer(help="Register clusters (local, slurm, kubernetes) and look at their nodes.", no_args_is_help=True)
 

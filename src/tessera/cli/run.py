@@ -17,7 +17,7 @@ from rich.table import Table
 from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
 from tessera.platform.client import RemotePlatform
-from tessera.platform.connect import connect
+from tessera.platform.connection import connect
 from tessera.platform.spec import format_duration
 
 app = typer.Typer(help="Submit runs and watch, stop, restart, move, clone or delete them.", no_args_is_help=True)

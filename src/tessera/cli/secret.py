@@ -21,7 +21,7 @@ import typer
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
-from tessera.platform.connect import connect
+from tessera.platform.connection import connect
 from tessera.platform.errors import PlatformError
 from tessera.platform.secret_input import (
     content_from_file,

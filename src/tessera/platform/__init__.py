@@ -1,8 +1,15 @@
 """Runs anywhere: run specs, clusters (local, Slurm, experimental Kubernetes), secrets, and a supervisor
 that detects failures, resumes and moves runs. The platform launches commands and reads what runs
 report (heartbeats, events, exit status, logs); it never imports training code. See docs/platform.md.
+
+`connect()` returns the local `Platform`, or a `RemotePlatform` (the team server's API, same methods) when
+TESSERA_API_URL or `tessera login` names a server; the client loads on first use (it needs httpx).
 """
 
+from typing import TYPE_CHECKING
+
+from tessera.lazy_exports import lazy_exports
+from tessera.platform.connection import connect
 from tessera.platform.errors import (
     ClusterError,
     PlatformError,
@@ -31,9 +38,15 @@ from tessera.platform.sdk import (
 )
 from tessera.platform.spec import RunSpec, load_spec, parse_spec
 
+if TYPE_CHECKING:
+    from tessera.platform.client import RemotePlatform
+
+__getattr__ = lazy_exports(__name__, {"client": ["RemotePlatform"]})
+
 __all__ = [
-    "ClusterError", "Platform", "PlatformError", "Run", "RunFailed", "RunNotFound", "RunSpec", "RunStateError",
-    "SecretError", "SpecError", "clone_run", "count_runs", "create_run", "delete_run", "follow_logs", "get_run",
+    "ClusterError", "Platform", "PlatformError", "RemotePlatform", "Run", "RunFailed", "RunNotFound", "RunSpec",
+    "RunStateError",
+    "SecretError", "SpecError", "clone_run", "connect", "count_runs", "create_run", "delete_run", "follow_logs", "get_run",
     "list_runs", "load_spec", "move_run", "parse_spec", "restart_run", "run_metrics", "stop_run", "update_run",
     "wait_for_run_status",
 ]
