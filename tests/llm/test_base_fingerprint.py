@@ -5,21 +5,21 @@ export, each in one line naming the folder (exit 1), and both proceed when told 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from click.testing import Result
 from hf_fixtures import chat_tokenizer, tiny_llama, write_chat_jsonl
+from typer.testing import CliRunner
 
+from tessera.cli.main import app
 from tessera.llm.hf import fingerprint
 from tessera.llm.hf.fingerprint import changed_files, folder_fingerprint
 
-TESSERA = str(Path(sys.executable).with_name("tessera"))
 
-
-def tessera(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([TESSERA, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+def tessera(*args: str) -> Result:
+    """The `tessera` command, in this process (the models are imported once for the whole test)."""
+    return CliRunner().invoke(app, list(args))
 
 
 @pytest.mark.parametrize("cached", [False, True])
@@ -50,42 +50,43 @@ def test_a_recorded_fingerprint_hashes_only_changed_files(tmp_path: Path, monkey
     assert hashed == ["config.json"]
 
 
-def test_resume_and_export_refuse_a_changed_base(tmp_path: Path) -> None:
+def test_resume_and_export_refuse_a_changed_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = chat_tokenizer()
     base = tiny_llama(tmp_path / "base", seed=0, tokenizer=tokenizer)
     write_chat_jsonl(tmp_path / "chat.jsonl", 120)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "TESSERA_MODEL_CACHE": str(tmp_path / "models")}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TESSERA_MODEL_CACHE", str(tmp_path / "models"))
+    monkeypatch.chdir(tmp_path)
     save = tmp_path / "ckpt"
     train = ["train", "finetune-lora-tiny.yaml", f"model.pretrained={base}", f"data.train.path={tmp_path / 'chat.jsonl'}",
              f"save_folder={save}", "save_interval=2ba", "log_interval=2ba"]
-    done = tessera(*train, "max_duration=2ba", cwd=tmp_path, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = tessera(*train, "max_duration=2ba")
+    assert done.exit_code == 0, done.output[-3000:]
 
     tiny_llama(base, seed=1, tokenizer=tokenizer)  # the base is replaced by another model of the same shape
-    resumed = tessera(*train, "max_duration=4ba", cwd=tmp_path, env=env)
-    assert resumed.returncode == 1, resumed.stderr[-3000:]
-    assert f"model.pretrained={base} is not the base" in resumed.stderr
-    assert "model.safetensors" in resumed.stderr and "model.allow_changed_base=true" in resumed.stderr
-    assert "Traceback" not in resumed.stderr
+    resumed = tessera(*train, "max_duration=4ba")
+    assert resumed.exit_code == 1, resumed.output[-3000:]
+    assert f"model.pretrained={base} is not the base" in resumed.output
+    assert "model.safetensors" in resumed.output and "model.allow_changed_base=true" in resumed.output
+    assert "Traceback" not in resumed.output
     assert [p.name for p in save.iterdir() if p.name.startswith("ep")] == ["ep0-ba2"]  # nothing was saved
 
     for extra in ([], ["--adapter-only"]):
-        exported = tessera("llm", "export", str(save), str(tmp_path / "out"), "--format", "hf", *extra,
-                           cwd=tmp_path, env=env)
-        assert exported.returncode == 1, exported.stderr[-3000:]
-        assert f"model.pretrained={base} is not the base" in exported.stderr
-        assert "--allow-changed-base" in exported.stderr and "Traceback" not in exported.stderr
+        exported = tessera("llm", "export", str(save), str(tmp_path / "out"), "--format", "hf", *extra)
+        assert exported.exit_code == 1, exported.output[-3000:]
+        assert f"model.pretrained={base} is not the base" in exported.output
+        assert "--allow-changed-base" in exported.output and "Traceback" not in exported.output
     assert not (tmp_path / "out").exists()
 
     forced = tessera("llm", "export", str(save), str(tmp_path / "out"), "--format", "hf", "--adapter-only",
-                     "--allow-changed-base", cwd=tmp_path, env=env)
-    assert forced.returncode == 0, forced.stderr[-3000:]
+                     "--allow-changed-base")
+    assert forced.exit_code == 0, forced.output[-3000:]
     assert (tmp_path / "out" / "adapter_model.safetensors").exists()
-    resumed = tessera(*train, "max_duration=4ba", "model.allow_changed_base=true", cwd=tmp_path, env=env)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed = tessera(*train, "max_duration=4ba", "model.allow_changed_base=true")
+    assert resumed.exit_code == 0, resumed.output[-3000:]
     # The checkpoints after the override record the base they now continue from: export accepts it.
-    exported = tessera("llm", "export", str(save), str(tmp_path / "out2"), "--format", "hf", cwd=tmp_path, env=env)
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    exported = tessera("llm", "export", str(save), str(tmp_path / "out2"), "--format", "hf")
+    assert exported.exit_code == 0, exported.output[-3000:]
 
 
 def test_a_cache_folder_that_cannot_be_written_is_passed_over(tmp_path: Path) -> None:

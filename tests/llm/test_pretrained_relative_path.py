@@ -3,17 +3,14 @@ model wherever `tessera llm export` (or a resume) is started from; URLs are kept
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hf_fixtures import chat_tokenizer, tiny_llama, write_chat_jsonl
+from typer.testing import CliRunner
 
+from tessera.cli.main import app
 from tessera.llm.recipe import load_recipe
-
-TESSERA = str(Path(sys.executable).with_name("tessera"))
 
 
 def test_local_paths_become_absolute_and_urls_stay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -26,19 +23,21 @@ def test_local_paths_become_absolute_and_urls_stay(tmp_path: Path, monkeypatch: 
         assert recipe.model["pretrained"] == url
 
 
-def test_export_from_another_folder_finds_a_relative_base(tmp_path: Path) -> None:
+def test_export_from_another_folder_finds_a_relative_base(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     work = tmp_path / "work"
     tiny_llama(work / "tiny", seed=0, tokenizer=chat_tokenizer())
     write_chat_jsonl(work / "chat.jsonl", 40)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "TESSERA_MODEL_CACHE": str(tmp_path / "models")}
-    done = subprocess.run([TESSERA, "train", "finetune-lora-tiny.yaml", "model.pretrained=./tiny",
-                           "data.train.path=chat.jsonl", "save_folder=./ckpt", "max_duration=2ba",
-                           "save_interval=2ba", "log_interval=2ba"], cwd=work, env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TESSERA_MODEL_CACHE", str(tmp_path / "models"))
+    monkeypatch.chdir(work)
+    done = CliRunner().invoke(app, ["train", "finetune-lora-tiny.yaml", "model.pretrained=./tiny",
+                                    "data.train.path=chat.jsonl", "save_folder=./ckpt", "max_duration=2ba",
+                                    "save_interval=2ba", "log_interval=2ba"])
+    assert done.exit_code == 0, done.output[-3000:]
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    exported = subprocess.run([TESSERA, "llm", "export", str(work / "ckpt"), "out", "--format", "hf",
-                               "--adapter-only"], cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
-    assert exported.returncode == 0, exported.stderr[-3000:]
+    monkeypatch.chdir(elsewhere)
+    exported = CliRunner().invoke(app, ["llm", "export", str(work / "ckpt"), "out", "--format", "hf",
+                                        "--adapter-only"])
+    assert exported.exit_code == 0, exported.output[-3000:]
     assert (elsewhere / "out" / "adapter_config.json").is_file()
