@@ -101,10 +101,17 @@ InactiveLimit=0
 MpiDefault=none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/log/jobcomp.txt
-NodeName=$NAME-n[1-$N] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + 1))-$((PORT + N)) CPUs=2 RealMemory=4000 State=UNKNOWN
+GresTypes=gpu
+NodeName=$NAME-n[1-$N] NodeHostname=$HOST NodeAddr=127.0.0.1 Port=$((PORT + 1))-$((PORT + N)) CPUs=2 RealMemory=4000 Gres=gpu:2 State=UNKNOWN
 PartitionName=debug Nodes=$NAME-n[1-$N] Default=YES MaxTime=INFINITE State=UP
 CONF
 echo "CgroupPlugin=autodetect" >"$DIR/etc/cgroup.conf"
+# Two virtual GPUs per node (GRES), so runs may ask for GPUs: the devices are stand-ins (/dev/null's
+# numbers) that slurmd only checks for; jobs asking for gpus get CUDA_VISIBLE_DEVICES as on a real node,
+# and the GPU checks see whatever `nvidia-smi` is on the PATH (the tests put a fake one there).
+mkdir -p "$DIR/dev"
+for g in 0 1; do [ -c "$DIR/dev/nvidia$g" ] || mknod "$DIR/dev/nvidia$g" c 1 3; done
+echo "Name=gpu File=$DIR/dev/nvidia[0-1]" >"$DIR/etc/gres.conf"
 for i in $(seq 1 "$N"); do echo "$NAME-n$i"; done >"$DIR/etc/nodes"
 
 # --- daemons ------------------------------------------------------------------------------------
