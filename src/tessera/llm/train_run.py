@@ -7,6 +7,8 @@ supervisor can tell a requested stop from a finished run.
 
 from __future__ import annotations
 
+import functools
+import gc
 import signal
 from typing import Any
 
@@ -33,7 +35,7 @@ from tessera.shards.sources import SourceError
 from tessera.storage import StorageError
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
-from tessera.train.distributed import current_env
+from tessera.train.distributed import current_env, destroy
 from tessera.train.trainer import seed_all
 
 STOPPED_EXIT_CODE = 143
@@ -177,19 +179,27 @@ def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | No
     return {**config, FINGERPRINT_KEY: base} if base is not None else config
 
 
+def _stop_on_signal(trainer: Trainer, stopped: list[int], signum: int, _frame: Any) -> None:
+    """SIGTERM: the trainer checkpoints at the end of the step and returns (exit code 143)."""
+    stopped.append(signum)
+    trainer.stop_requested = True
+
+
 def train(recipe: Recipe) -> int:
     """Run the recipe to its max_duration; returns the process exit code (0, or 143 when stopped)."""
     trainer = make_trainer(recipe)
     stopped: list[int] = []
-
-    def request_stop(signum: int, _frame: Any) -> None:
-        stopped.append(signum)
-        trainer.stop_requested = True
-
+    request_stop = functools.partial(_stop_on_signal, trainer, stopped)
     previous = signal.signal(signal.SIGTERM, request_stop)
     try:
         trainer.fit()
     finally:
         signal.signal(signal.SIGTERM, previous)
         trainer.close()
+    # Leave the process group before the interpreter exits: a gloo/NCCL group torn down by destructors at
+    # exit can abort a rank that finished ("terminate called without an active exception"). DDP's reducer
+    # holds the group, so the trainer goes first.
+    del trainer, request_stop
+    gc.collect()
+    destroy()
     return STOPPED_EXIT_CODE if stopped else 0
