@@ -10,6 +10,7 @@
 # other non-zero: the installation failed.
 set -euo pipefail
 log() { echo "chromium-up: $*" >&2; }
+source "$(dirname "$0")/apt-install.sh"
 
 find_chromium() {  # the first browser binary on PATH, or nothing
   local name
@@ -20,17 +21,7 @@ find_chromium() {  # the first browser binary on PATH, or nothing
 
 path=$(find_chromium || true)
 if [ -z "$path" ]; then
-  command -v apt-get >/dev/null || { log "chromium is not installed and there is no apt-get to install it"; exit 3; }
-  [ "$(id -u)" -eq 0 ] || { log "chromium is not installed and installing it needs root (apt-get install chromium)"; exit 3; }
-  export DEBIAN_FRONTEND=noninteractive
-  out=$(mktemp)
-  trap 'rm -f "$out"' EXIT
-  quiet_apt_get() {  # apt-get quietly; its output is shown only when it fails
-    apt-get "$@" >"$out" 2>&1 || { cat "$out" >&2; log "apt-get $* failed"; exit 1; }
-  }
-  log "installing chromium (apt-get update, then apt-get install chromium)"
-  quiet_apt_get update -qq
-  quiet_apt_get install -y -qq --no-install-recommends chromium
+  apt_install chromium chromium
   path=$(find_chromium || true)
   [ -n "$path" ] || { log "chromium was installed but no chromium binary is on PATH"; exit 1; }
 fi

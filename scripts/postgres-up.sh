@@ -16,6 +16,7 @@
 # anything else non-zero: failure, with the server's log tail on stderr.
 set -euo pipefail
 log() { echo "postgres-up: $*" >&2; }
+source "$(dirname "$0")/apt-install.sh"
 
 DIR=${1:?usage: postgres-up.sh DIR [PORT [DATABASE]]}
 PORT=${2:-55432}
@@ -33,14 +34,7 @@ find_bin() {  # the newest PostgreSQL's bin folder that has pg_ctl, or nothing
 
 BIN=$(find_bin || true)
 if [ -z "$BIN" ]; then
-  command -v apt-get >/dev/null || { log "PostgreSQL is not installed and there is no apt-get to install it"; exit 3; }
-  [ "$(id -u)" -eq 0 ] || { log "PostgreSQL is not installed and installing it needs root (apt-get install postgresql)"; exit 3; }
-  export DEBIAN_FRONTEND=noninteractive
-  out=$(mktemp)
-  trap 'rm -f "$out"' EXIT
-  log "installing postgresql (apt-get update, then apt-get install postgresql)"
-  { apt-get update -qq && apt-get install -y -qq --no-install-recommends postgresql; } >"$out" 2>&1 \
-    || { cat "$out" >&2; log "apt-get install postgresql failed"; exit 1; }
+  apt_install PostgreSQL postgresql
   BIN=$(find_bin || true)
   [ -n "$BIN" ] || { log "postgresql was installed but no pg_ctl is under /usr/lib/postgresql/*/bin"; exit 1; }
 fi
