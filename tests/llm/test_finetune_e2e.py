@@ -1,26 +1,24 @@
-"""Fine-tuning end to end, as a user runs it: a tiny random Llama saved with transformers (a chat
-tokenizer built locally) and a few hundred chat examples -> `tessera train finetune-lora-tiny.yaml` (a
-process of its own) -> `tessera llm export --format hf` (merged) and `--adapter-only` -> transformers
-and peft load them, and plain transformers code finds the fine-tuned model's loss on the examples below
-the base model's."""
+"""Fine-tuning end to end: a tiny random Llama saved with transformers (a chat tokenizer built locally)
+and a few hundred chat examples -> `tessera train finetune-lora-tiny.yaml` -> `tessera llm export
+--format hf` (merged) and `--adapter-only` -> transformers and peft load them, and plain transformers code
+finds the fine-tuned model's loss on the examples below the base model's. The commands run in this
+process (the guide's test, tests/docs/test_finetuning_guide.py, runs the same as separate processes)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import torch
 from hf_fixtures import chat_tokenizer, tiny_llama, write_chat_jsonl
+from typer.testing import CliRunner
 
-TESSERA = str(Path(sys.executable).with_name("tessera"))
+from tessera.cli.main import app
 
 
-def tessera(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    done = subprocess.run([TESSERA, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"tessera {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}"
-    return done
+def tessera(*args: str) -> None:
+    done = CliRunner().invoke(app, list(args))
+    assert done.exit_code == 0, f"tessera {' '.join(args)} exited {done.exit_code}:\n{done.output[-3000:]}"
 
 
 def assistant_loss(model, tokenizer, examples: list[dict]) -> float:
@@ -39,19 +37,20 @@ def assistant_loss(model, tokenizer, examples: list[dict]) -> float:
     return total / count
 
 
-def test_finetune_lora_then_export_merged_and_adapter(tmp_path: Path) -> None:
+def test_finetune_lora_then_export_merged_and_adapter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import peft
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base = tiny_llama(tmp_path / "base", seed=0, tokenizer=chat_tokenizer())
     examples = write_chat_jsonl(tmp_path / "chat.jsonl", 300)
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "TESSERA_MODEL_CACHE": str(tmp_path / "models")}
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TESSERA_MODEL_CACHE", str(tmp_path / "models"))
+    monkeypatch.chdir(tmp_path)
     save = tmp_path / "runs" / "ckpt"
     tessera("train", "finetune-lora-tiny.yaml", f"model.pretrained={base}", f"data.train.path={tmp_path / 'chat.jsonl'}",
-            f"save_folder={save}", "max_duration=40ba", cwd=tmp_path, env=env)
-    tessera("llm", "export", str(save), str(tmp_path / "out"), "--format", "hf", cwd=tmp_path, env=env)
-    tessera("llm", "export", str(save), str(tmp_path / "out2"), "--format", "hf", "--adapter-only",
-            cwd=tmp_path, env=env)
+            f"save_folder={save}", "max_duration=40ba")
+    tessera("llm", "export", str(save), str(tmp_path / "out"), "--format", "hf")
+    tessera("llm", "export", str(save), str(tmp_path / "out2"), "--format", "hf", "--adapter-only")
 
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out", local_files_only=True).eval()
