@@ -16,7 +16,8 @@ import yaml
 from platform_helpers import wait_for
 
 from tessera.platform import Platform, Run, RunFailed, RunNotFound, RunStateError, SpecError, sdk
-from tessera.platform.state import _SCHEMA, PENDING, SCHEMA_VERSION, RunRecord, StateDB, new_run_id
+from tessera.platform.state import PENDING, RunRecord, StateDB, new_run_id
+from tessera.platform.state_schema import SCHEMA, SCHEMA_VERSION
 
 TIMEOUT = 30
 
@@ -221,8 +222,8 @@ def test_a_line_longer_than_the_read_limit_is_skipped(tmp_path: Path) -> None:
 
 
 def test_an_old_state_db_gets_the_user_column(tmp_path: Path) -> None:
-    old_schema = _SCHEMA.replace(", user TEXT", "")
-    assert old_schema != _SCHEMA
+    old_schema = SCHEMA.replace(", user TEXT", "")
+    assert old_schema != SCHEMA
     conn = sqlite3.connect(tmp_path / "state.db")
     conn.executescript(old_schema + "; PRAGMA user_version = 1;")
     conn.execute("INSERT INTO runs (id, name, spec, status, cluster, created, updated, folder) VALUES "

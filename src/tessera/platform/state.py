@@ -3,7 +3,7 @@
 A CLI, the SDK and the supervisor each open their own connection; WAL lets readers run beside the one
 writer, writes take the write lock up front (`BEGIN IMMEDIATE`) and wait up to 30 s for it. Tables:
 clusters, runs, resumptions (every start of a run), events, node_faults (per cluster) and supervisor.
-`PRAGMA user_version` is the schema's version; opening an older file migrates it in place (`_MIGRATIONS`).
+`PRAGMA user_version` is the schema's version; opening an older file migrates it in place (state_schema.py).
 Secret values are never written here: specs name secrets, and every text that came from a run's logs
 is redacted before it is stored.
 """
@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.platform.home import tessera_home
-
-SCHEMA_VERSION = 3
+from tessera.platform.state_schema import LIST_INDEXES, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
 # Lifecycle. STOPPING is the short stretch between a stop/move request and the processes' exit.
 PENDING, QUEUED, STARTING, RUNNING, STOPPING = "PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"
@@ -33,46 +32,6 @@ ALL_STATUSES = ACTIVE + TERMINAL
 # A resumption's status while the supervisor submits it: the row is written before the job exists, so a
 # supervisor that dies between submitting and recording the job id finds the job again (submission.py).
 SUBMITTING = "SUBMITTING"
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS clusters (
-    name TEXT PRIMARY KEY, type TEXT NOT NULL, config TEXT NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE, spec TEXT NOT NULL, status TEXT NOT NULL,
-    cluster TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, ended REAL,
-    request TEXT, request_arg TEXT, retries_used INTEGER NOT NULL DEFAULT 0,
-    system_retries INTEGER NOT NULL DEFAULT 0, failure_kind TEXT, first_error TEXT, not_before REAL,
-    folder TEXT NOT NULL, workdir TEXT, next_cause TEXT, user TEXT);
-CREATE INDEX IF NOT EXISTS runs_status ON runs(status);
-CREATE INDEX IF NOT EXISTS runs_created ON runs(created);
-CREATE TABLE IF NOT EXISTS resumptions (
-    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE, idx INTEGER NOT NULL,
-    cluster TEXT NOT NULL, cause TEXT NOT NULL, status TEXT NOT NULL, job_id TEXT, handle TEXT,
-    nodes TEXT NOT NULL DEFAULT '[]', folder TEXT NOT NULL, submitted REAL NOT NULL, start REAL, end REAL,
-    exit_code INTEGER, outcome TEXT, detail TEXT, last_beat TEXT, last_progress REAL, stop_sent REAL,
-    kill_sent REAL, stop_reason TEXT, first_beat TEXT, events_offset INTEGER NOT NULL DEFAULT 0,
-    PRIMARY KEY (run_id, idx));
-CREATE TABLE IF NOT EXISTS events (
-    id INTEGER PRIMARY KEY AUTOINCREMENT, run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-    time REAL NOT NULL, kind TEXT NOT NULL, message TEXT NOT NULL, data TEXT);
-CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
-CREATE TABLE IF NOT EXISTS node_faults (
-    cluster TEXT NOT NULL, node TEXT NOT NULL, faults INTEGER NOT NULL, excluded INTEGER NOT NULL,
-    reason TEXT NOT NULL, updated REAL NOT NULL, PRIMARY KEY (cluster, node));
-CREATE TABLE IF NOT EXISTS supervisor (
-    id INTEGER PRIMARY KEY CHECK (id = 1), pid INTEGER NOT NULL, started REAL NOT NULL, beat REAL NOT NULL);
-"""
-
-# Columns added after version 1 (table, column, SQL type): an older file gets them when it is opened.
-_MIGRATIONS = (("runs", "user", "TEXT"),)
-# Made after the migrations (an older file has no `user` column before them): a filtered page of the runs
-# list reads an index in order instead of sorting every run of the team.
-_LIST_INDEXES = """
-CREATE INDEX IF NOT EXISTS runs_status_created ON runs(status, created);
-CREATE INDEX IF NOT EXISTS runs_user_created ON runs(user, created);
-CREATE INDEX IF NOT EXISTS runs_user_status_created ON runs(user, status, created);
-"""
-
 
 @dataclass
 class ClusterRecord:
@@ -198,9 +157,9 @@ class StateDB:
         self.conn.execute("PRAGMA foreign_keys = ON")
         if self.conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
             with self.write():
-                self._statements(_SCHEMA)
+                self._statements(SCHEMA)
                 self._migrate()
-                self._statements(_LIST_INDEXES)
+                self._statements(LIST_INDEXES)
                 self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _statements(self, script: str) -> None:
@@ -210,7 +169,7 @@ class StateDB:
 
     def _migrate(self) -> None:
         """Add the columns an older file lacks (inside the write lock, so two openers add them once)."""
-        for table, column, type_ in _MIGRATIONS:
+        for table, column, type_ in MIGRATIONS:
             have = {row["name"] for row in self.conn.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
