@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import gc
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-from tessera.train.distributed import any_rank
+from tessera.train.distributed import all_reduce_gradients, any_rank, gradient_sync
 
 
 class SimulatedOutOfMemory(RuntimeError):
@@ -155,3 +155,45 @@ def rng_restore(snapshot: tuple[torch.Tensor, torch.Tensor | None], device: torc
     torch.set_rng_state(cpu)
     if cuda is not None:
         torch.cuda.set_rng_state(cuda, device)
+
+
+def forward_backward(batch: Any, microbatch: AutoMicrobatch, model: torch.nn.Module,
+                     loss_of: Callable[[Any], torch.Tensor], backward: Callable[[torch.Tensor], None], *,
+                     manual_sync: bool, on_retry: Callable[[], None]) -> torch.Tensor:
+    """Forward and backward over the microbatches of one per-device batch; the batch's mean loss.
+
+    `loss_of(mb)` is a microbatch's loss (the forward), `backward(loss)` runs the backward of its loss
+    scaled by its share of the batch; DDP/FSDP sync on the last microbatch only, or with `manual_sync` by
+    hand once at the end. With auto-microbatching, an out-of-memory error on any rank halves the microbatch
+    on every rank, `on_retry()` drops the partial gradients, and the batch reruns from the same RNG state."""
+    n = batch_size_of(batch)
+    rng = rng_snapshot(microbatch.device) if microbatch.auto else None
+    while True:
+        loss, oom = None, False
+        try:
+            loss = _accumulate(batch, n, microbatch, model, loss_of, backward, manual_sync)
+        except Exception as exc:
+            if not (microbatch.auto and is_out_of_memory(exc)):
+                raise
+            oom = True
+        if not microbatch.auto or not microbatch.agree(oom):
+            if manual_sync:
+                all_reduce_gradients(model)
+            return loss
+        on_retry()
+        rng_restore(rng, microbatch.device)
+
+
+def _accumulate(batch: Any, n: int, microbatch: AutoMicrobatch, model: torch.nn.Module,
+                loss_of: Callable[[Any], torch.Tensor], backward: Callable[[torch.Tensor], None],
+                manual_sync: bool) -> torch.Tensor:
+    micro = split_batch(batch, microbatch.size_for(n))
+    total = torch.zeros((), device=microbatch.device)
+    for i, mb in enumerate(micro):
+        share = batch_size_of(mb) / n
+        last = i == len(micro) - 1 and not manual_sync
+        with gradient_sync(model, enabled=last):
+            loss = loss_of(mb)
+            backward(loss * share)
+        total += loss.detach().float() * share
+    return total

@@ -271,6 +271,14 @@ def resolve_time(time: Time | str, max_duration: Time | str | None = None, *,
     return time
 
 
+def run_progress(timestamp: Timestamp, max_duration: Time, batches_per_epoch: int | None = None) -> float:
+    """How much of a run of `max_duration` has elapsed; in epochs, the batches of the current epoch count
+    too when its length is known (the progress bar's start and `time/progress`)."""
+    if max_duration.unit is TimeUnit.EPOCH and batches_per_epoch and max_duration.value:
+        return (timestamp.epoch + timestamp.batch_in_epoch / batches_per_epoch) / max_duration.value
+    return timestamp.fraction_of(max_duration)
+
+
 def interval_fires(interval: Time | str, before: Timestamp, after: Timestamp, *,
                    max_duration: Time | str | None = None, batches_per_epoch: int | None = None) -> bool:
     """Whether an interval ("500ba", "1ep", "1e6tok", "0.1dur") fires on the step from `before` to `after`.

@@ -1,5 +1,5 @@
 """`Trainer`: one readable training loop; checkpoints, logging, evaluation and set-up are calls into the
-modules that own them (checkpoint, loggers, metrics, microbatch, distributed, heartbeat, nonfinite).
+modules that own them (checkpoint, resume, loggers, metrics, microbatch, distributed, heartbeat, nonfinite).
 
     trainer = Trainer(model=model, optimizers=opt, train_dataloader=loader, max_duration="2ep",
                       save_folder="s3://bucket/runs/{run_name}/checkpoints", save_interval="500ba",
@@ -27,7 +27,6 @@ import logging
 import os
 import random
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,13 +36,7 @@ import torch
 
 from tessera.train import distributed as dist_utils
 from tessera.train.callbacks import Callback
-from tessera.train.checkpoint import (
-    CheckpointInfo,
-    CheckpointManager,
-    apply_state,
-    capture_state,
-    unwrap_model,
-)
+from tessera.train.checkpoint import CheckpointInfo, CheckpointManager, capture_state, unwrap_model
 from tessera.train.config import (
     Precision,
     TrainerConfig,
@@ -58,21 +51,13 @@ from tessera.train.evaluation import evaluate, model_outputs
 from tessera.train.hardware import device_peak_flops
 from tessera.train.heartbeat import Heartbeat
 from tessera.train.loggers import RunInfo, make_loggers
-from tessera.train.microbatch import (
-    AutoMicrobatch,
-    batch_size_of,
-    count_tokens,
-    is_out_of_memory,
-    move_to,
-    rng_restore,
-    rng_snapshot,
-    split_batch,
-)
+from tessera.train.microbatch import AutoMicrobatch, batch_size_of, count_tokens, forward_backward, move_to
 from tessera.train.nonfinite import NonFiniteGuard
 from tessera.train.parallel import clip_grad_norm_, parallelize, resolve_plan, total_grad_norm
+from tessera.train.resume import resume
 from tessera.train.schedule import lambda_lr
 from tessera.train.throughput import Throughput, flops_per_token
-from tessera.train.time import Time, Timestamp, TimeUnit, interval_fires
+from tessera.train.time import Time, Timestamp, TimeUnit, interval_fires, run_progress
 
 log = logging.getLogger(__name__)
 
@@ -222,42 +207,21 @@ class Trainer:
         self._finish(started_at)
 
     def _train_batch(self, batch: Any) -> torch.Tensor:
-        """Forward and backward over the microbatches of one per-device batch; the batch's mean loss.
+        """Forward and backward over the microbatches of one per-device batch; the batch's mean loss
+        (microbatch.forward_backward: with auto-microbatching, an out-of-memory error reruns the batch)."""
+        return forward_backward(batch, self.microbatch, self.model, self._forward,
+                                lambda loss: self.scaler.scale(loss).backward(), manual_sync=self._manual_sync,
+                                on_retry=self._drop_gradients)
 
-        With auto-microbatching, an out-of-memory error on any rank halves the microbatch on every rank
-        and reruns the batch from the same RNG state (microbatch.py)."""
-        n = batch_size_of(batch)
-        rng = rng_snapshot(self.device) if self.microbatch.auto else None
-        while True:
-            loss, oom = None, False
-            try:
-                loss = self._accumulate(batch, n)
-            except Exception as exc:
-                if not (self.microbatch.auto and is_out_of_memory(exc)):
-                    raise
-                oom = True
-            if not self.microbatch.auto or not self.microbatch.agree(oom):
-                if self._manual_sync:
-                    dist_utils.all_reduce_gradients(self.model)
-                return loss
-            log.warning("out of memory in a microbatch; retrying the batch with microbatches of %d",
-                        self.microbatch.size)
-            for opt in self.optimizers:
-                opt.zero_grad(set_to_none=True)
-            rng_restore(rng, self.device)
+    def _forward(self, microbatch: Any) -> torch.Tensor:
+        with self._autocast():
+            return model_outputs(self.model, microbatch, self.loss_fn)["loss"]
 
-    def _accumulate(self, batch: Any, n: int) -> torch.Tensor:
-        micro = split_batch(batch, self.microbatch.size_for(n))
-        total = torch.zeros((), device=self.device)
-        for i, mb in enumerate(micro):
-            share = batch_size_of(mb) / n
-            last = i == len(micro) - 1 and not self._manual_sync
-            with dist_utils.gradient_sync(self.model, enabled=last):
-                with self._autocast():
-                    loss = model_outputs(self.model, mb, self.loss_fn)["loss"]
-                self.scaler.scale(loss * share).backward()
-            total += loss.detach().float() * share
-        return total
+    def _drop_gradients(self) -> None:
+        log.warning("out of memory in a microbatch; retrying the batch with microbatches of %d",
+                    self.microbatch.size)
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp_dtype is not None)
@@ -354,41 +318,7 @@ class Trainer:
             callback.on_checkpoint_saved(self, info)
 
     def _resume(self) -> None:
-        state = None
-        if self.autoresume and self.checkpoints is not None:
-            state = self.checkpoints.latest(model=self.model, optimizers=self.optimizers)
-        if state is None and self.load_path is not None:
-            manager = self.checkpoints or CheckpointManager(self.load_path)
-            try:
-                state = manager.load(self.load_path, model=self.model, optimizers=self.optimizers,
-                                     weights_only=self.load_weights_only)
-            finally:
-                if manager is not self.checkpoints:
-                    manager.close()
-        if state is None:
-            return
-        where = state.get("checkpoint", {}).get("url", self.load_path)
-        self.resumed = {"url": where, "config": state.get("config") or {}}  # what callbacks may check
-        if "schedulers" not in state:  # a weights-only load
-            apply_state(state, self.model, restore_rng=False)
-            log.info("loaded weights from %s", where)
-            return
-        scaler = self.scaler if self.scaler.is_enabled() else None
-        apply_state(state, self.model, self.optimizers, self.schedulers, scaler, restore_rng=False)
-        self.timestamp = Timestamp.from_state_dict(state["timestamp"])
-        self._pending_rng = state.get("rng")
-        if state.get("dataloader") is not None and hasattr(self.train_dataloader, "load_state_dict"):
-            self.train_dataloader.load_state_dict(state["dataloader"])
-        elif self.timestamp.batch_in_epoch:
-            warnings.warn("train_dataloader has no load_state_dict(): the resumed run restarts the epoch from its "
-                          "first batch (use tessera.stream.StreamingDataLoader to continue where it stopped)",
-                          stacklevel=3)
-        saved = state.get("config", {}).get("global_batch_size")
-        now = (self.per_device_batch_size or 0) * self.world_size
-        if saved and now and saved != now:
-            warnings.warn(f"{where} was trained with a global batch of {saved}, this run has {now}: the data order "
-                          f"and the loss curve will differ from an uninterrupted run", stacklevel=3)
-        log.info("resumed from %s at %s", where, self.timestamp)
+        resume(self, log)  # resume.py: autoresume's newest checkpoint, else load_path
 
     # --- start, log, finish --------------------------------------------------------------------------------
 
@@ -397,7 +327,8 @@ class Trainer:
             remote = self.checkpoints.store.child("logs") if self.checkpoints is not None else None
             for logger in self.loggers:
                 logger.start(RunInfo(self.run_name, self.config, self.log_dir, remote,
-                                     start_progress=self._progress(loader_length(self.train_dataloader))))
+                                     start_progress=run_progress(self.timestamp, self.max_duration,
+                                                               loader_length(self.train_dataloader))))
         if self.heartbeat:
             self.heartbeat.event("fit_start", step=self.timestamp.batch)
             self.heartbeat.beat(self.timestamp, force=True)
@@ -417,7 +348,7 @@ class Trainer:
         self._check_finite()  # the values just synchronised: no extra wait
         ts = self.timestamp
         metrics = {"train/loss": values[0], "time/epoch": ts.epoch, "time/sample": ts.sample,
-                   "time/token": ts.token, "time/progress": self._progress(epoch_length),
+                   "time/token": ts.token, "time/progress": run_progress(ts, self.max_duration, epoch_length),
                    "train/microbatch_size": self.microbatch.size or 0}
         if grad_norm is not None:
             metrics["train/grad_norm"] = values[1]
@@ -428,12 +359,6 @@ class Trainer:
         metrics.update(self.throughput.metrics(self.world_size, self._flops_per_token, self._peak_flops))
         self._log(metrics)
         return metrics
-
-    def _progress(self, epoch_length: int | None) -> float:
-        ts, total = self.timestamp, self.max_duration
-        if total.unit is TimeUnit.EPOCH and epoch_length and total.value:
-            return (ts.epoch + ts.batch_in_epoch / epoch_length) / total.value
-        return ts.fraction_of(total)
 
     def _log(self, metrics: dict[str, float]) -> None:
         if self.rank == 0 and metrics:

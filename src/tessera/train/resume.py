@@ -1,0 +1,54 @@
+"""Where `Trainer.fit` starts from: autoresume's newest checkpoint, else `load_path` (the full state, or
+the weights only), applied to the run, with a warning when the resumed run cannot continue exactly where
+the saved one stopped. Finding, verifying and loading the checkpoint is `tessera.train.checkpoint`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from tessera.train.checkpoint import CheckpointManager, apply_state
+from tessera.train.time import Timestamp
+
+
+def resume(trainer: Any, log: logging.Logger) -> None:
+    """Load the checkpoint `trainer` resumes from, if any, into its model, optimizers, schedulers, scaler,
+    timestamp and train dataloader; `trainer.resumed` then names it. `log` is the trainer's logger."""
+    state = None
+    if trainer.autoresume and trainer.checkpoints is not None:
+        state = trainer.checkpoints.latest(model=trainer.model, optimizers=trainer.optimizers)
+    if state is None and trainer.load_path is not None:
+        manager = trainer.checkpoints or CheckpointManager(trainer.load_path)
+        try:
+            state = manager.load(trainer.load_path, model=trainer.model, optimizers=trainer.optimizers,
+                                 weights_only=trainer.load_weights_only)
+        finally:
+            if manager is not trainer.checkpoints:
+                manager.close()
+    if state is None:
+        return
+    where = state.get("checkpoint", {}).get("url", trainer.load_path)
+    trainer.resumed = {"url": where, "config": state.get("config") or {}}  # what callbacks may check
+    if "schedulers" not in state:  # a weights-only load
+        apply_state(state, trainer.model, restore_rng=False)
+        log.info("loaded weights from %s", where)
+        return
+    scaler = trainer.scaler if trainer.scaler.is_enabled() else None
+    apply_state(state, trainer.model, trainer.optimizers, trainer.schedulers, scaler, restore_rng=False)
+    trainer.timestamp = Timestamp.from_state_dict(state["timestamp"])
+    trainer._pending_rng = state.get("rng")
+    # stacklevel 4: the warnings name the caller of Trainer.fit (resume <- Trainer._resume <- fit <- caller)
+    if state.get("dataloader") is not None and hasattr(trainer.train_dataloader, "load_state_dict"):
+        trainer.train_dataloader.load_state_dict(state["dataloader"])
+    elif trainer.timestamp.batch_in_epoch:
+        warnings.warn("train_dataloader has no load_state_dict(): the resumed run restarts the epoch from its "
+                      "first batch (use tessera.stream.StreamingDataLoader to continue where it stopped)",
+                      stacklevel=4)
+    saved = state.get("config", {}).get("global_batch_size")
+    now = (trainer.per_device_batch_size or 0) * trainer.world_size
+    if saved and now and saved != now:
+        warnings.warn(f"{where} was trained with a global batch of {saved}, this run has {now}: the data order "
+                      f"and the loss curve will differ from an uninterrupted run", stacklevel=4)
+    log.info("resumed from %s at %s", where, trainer.timestamp)
