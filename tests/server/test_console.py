@@ -3,19 +3,23 @@ against a real `tessera server start` subprocess whose team runs go to the local
 
 A user logs in with `/?api_key=K` (the key leaves the address bar), sees the run in the runs table, opens
 it, watches its log lines arrive over the live stream and its loss plot draw, clones it through the
-dialog, and stops another run with the Stop button. The run's script waits for a file the test creates
-only after the browser showed its first lines, so "live" is proven by order, not by timing.
+dialog; another run is stopped with the Stop button, restarted (a new resumption), and moved: to an unknown
+cluster (refused, by name, in the banner), then to a second local cluster added through the API.
+The first run's script waits for a file the test creates only after the browser showed its first lines,
+so "live" is proven by order, not by timing.
 The screenshot goes to docs/console.png when TESSERA_UPDATE_SCREENSHOT=1, else to a temporary folder.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -138,9 +142,22 @@ def _submit(server: dict[str, object], name: str, command: str) -> None:
     assert answer.status_code == 201, answer.text
 
 
-def _status(server: dict[str, object], name: str) -> str:
+def _run(server: dict[str, object], name: str) -> dict[str, Any]:
     answer = httpx.get(f"{server['url']}/api/v1/runs/{name}", headers=_auth(str(server["key"])), timeout=10)
-    return answer.json()["status"]
+    return answer.json()
+
+
+def _wait_run(server: dict[str, object], name: str, done: Callable[[dict[str, Any]], bool]) -> None:
+    """Wait (up to WAIT_MS) until the server's record of the run satisfies `done`."""
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not done(run := _run(server, name)):
+        if time.monotonic() > deadline:
+            pytest.fail(f"run {name} did not reach the awaited state: {run}")
+        time.sleep(0.05)
+
+
+def _status(server: dict[str, object], name: str) -> str:
+    return str(_run(server, name)["status"])
 
 
 @pytest.fixture(scope="module")
@@ -224,7 +241,7 @@ def test_run_appears_logs_stream_and_loss_plot_draws(server, page) -> None:  # t
     assert _status(server, "gpt-125m-demo-2") in ("PENDING", "QUEUED", "STARTING", "RUNNING", "COMPLETED")
 
 
-def test_stop_button_stops_a_running_run(server, page) -> None:  # type: ignore[no-untyped-def]
+def test_stop_restart_and_move_buttons(server, page) -> None:  # type: ignore[no-untyped-def]
     _submit(server, "long-sleeper", "echo sleeping; sleep 300")
     page.goto(f"{server['url']}/?api_key={server['key']}#/clusters")
     # what runs where: the local cluster's node lists the run
@@ -236,6 +253,39 @@ def test_stop_button_stops_a_running_run(server, page) -> None:  # type: ignore[
     expect(status).to_have_text("STOPPED", timeout=WAIT_MS)
     assert _status(server, "long-sleeper") == "STOPPED"   # the server's record, not only the page
     expect(page.locator("#stop-button")).to_be_disabled()
+    expect(page.locator("#move-button")).to_be_disabled()   # a finished run is restarted, not moved
+
+    # Restart: the stopped run leaves its terminal state at once (the answer shows it) and starts again
+    page.locator("#restart-button").click()
+    expect(page.locator("#banner")).to_contain_text("Restarting long-sleeper.", timeout=WAIT_MS)
+    expect(status).not_to_have_text("STOPPED")
+    expect(page.locator("#move-button")).to_be_enabled()
+    # Move: an unknown cluster is refused, by name, in the banner
+    page.locator("#move-button").click()
+    page.locator("#ask-input").fill("nowhere")
+    page.locator("#ask-ok").click()
+    expect(page.locator("#banner")).to_contain_text("move failed", timeout=WAIT_MS)
+    expect(page.locator("#banner")).to_contain_text("nowhere")
+    added = httpx.post(f"{server['url']}/api/v1/clusters", headers=_auth(str(server["key"])), timeout=10,
+                       json={"name": "box", "type": "local"})
+    assert added.status_code == 201, added.text
+    # the restart is a second resumption, running (the server's record)
+    _wait_run(server, "long-sleeper", lambda run: run["status"] == "RUNNING" and len(run["resumptions"]) == 2)
+    # ... and a second local cluster takes the running run: a third resumption, on box
+    page.locator("#move-button").click()
+    expect(page.locator("#ask-options option[value=box]")).to_have_count(1)   # the dialog suggests it
+    page.locator("#ask-input").fill("box")
+    page.locator("#ask-ok").click()
+    expect(page.locator("#banner")).to_contain_text("Moving long-sleeper to box.", timeout=WAIT_MS)
+    expect(page.locator("dl.facts dt:text-is('Cluster') + dd")).to_have_text("box", timeout=WAIT_MS)
+    resumptions = page.locator("#resumption-timeline li.resumption .resumption-head")   # newest first
+    expect(resumptions).to_have_text([re.compile(r"#2 .*moved from local to box on box"),
+                                      re.compile(r"#1 .*restarted on request on local"),
+                                      re.compile(r"#0 .* on local")], timeout=WAIT_MS)
+    assert _run(server, "long-sleeper")["cluster"] == "box"
+    # no `sleep 300` left behind (the Stop button was tested above; the API's answer comes sooner than a poll)
+    httpx.post(f"{server['url']}/api/v1/runs/long-sleeper/stop", headers=_auth(str(server["key"])), timeout=10)
+    _wait_run(server, "long-sleeper", lambda run: run["status"] == "STOPPED")
 
 
 def test_login_form_refuses_a_wrong_key_and_accepts_the_right_one(server, page) -> None:  # type: ignore[no-untyped-def]
