@@ -246,6 +246,7 @@ def test_stop_restart_and_move_buttons(server, page) -> None:  # type: ignore[no
     page.goto(f"{server['url']}/?api_key={server['key']}#/clusters")
     # what runs where: the local cluster's node lists the run
     expect(page.locator("[data-cluster=local] table")).to_contain_text("long-sleeper", timeout=WAIT_MS)
+    expect(page.locator("[data-cluster=local] thead")).to_contain_text("GPUs")   # per node, from describe
     page.locator("[data-cluster=local] a", has_text="long-sleeper").first.click()
     status = page.locator("#run-status")
     expect(status).to_have_text("RUNNING", timeout=WAIT_MS)

@@ -43,12 +43,25 @@ async function placeRuns(details) {
   return where;
 }
 
+// GPU types and count as MCLI's `get clusters` shows them: from the nodes the cluster reports now (each
+// node row of the detail has `gpus` and `gpu_type`), else from the cluster's stored settings.
+function gpuFacts(cluster, detail) {
+  const nodes = Array.isArray(detail.nodes) ? detail.nodes : [];
+  const types = [...new Set(nodes.map((n) => n.gpu_type).filter(Boolean))];
+  const counted = nodes.some((n) => Number.isFinite(n.gpus));
+  return {
+    types: types.length ? types : cluster.gpu_types,
+    gpus: counted ? nodes.reduce((sum, n) => sum + (n.gpus || 0), 0) : cluster.gpus ?? "-",
+  };
+}
+
 function clusterCard(cluster, detail, placements) {
+  const gpu = gpuFacts(cluster, detail);
   const facts = [
     ["Provider", cluster.provider || cluster.type || "-"],
-    ["GPU types", listText(cluster.gpu_types)],
-    ["GPUs", cluster.gpus ?? "-"],
-    ["Instance", cluster.instance || "-"],
+    ["GPU types", listText(gpu.types)],
+    ["GPUs", gpu.gpus],
+    ["Instance", cluster.instance || detail.instance || "-"],
   ];
   return h("section", { class: "card cluster", "data-cluster": cluster.name },
     h("div", { class: "card-head" }, h("h2", {}, cluster.name), h("span", { class: "spacer" }),
@@ -73,10 +86,11 @@ function nodeTable(clusterName, detail, placements) {
   if (!Array.isArray(detail.nodes)) return h("p", { class: "muted" }, `Nodes: ${detail.nodes || "unknown"}`);
   if (detail.nodes.length === 0) return h("p", { class: "muted" }, "No nodes reported.");
   return h("table", { class: "table compact nodes" },
-    h("thead", {}, h("tr", {}, ["Node", "State", "Health", "Faults", "Runs"].map((c) => h("th", {}, c)))),
+    h("thead", {}, h("tr", {}, ["Node", "State", "GPUs", "Health", "Faults", "Runs"].map((c) => h("th", {}, c)))),
     h("tbody", {}, detail.nodes.map((node) => h("tr", {},
       h("td", {}, node.name),
       h("td", {}, node.state || "-"),
+      h("td", {}, node.gpus ? `${node.gpus}${node.gpu_type ? ` x ${node.gpu_type}` : ""}` : "-"),
       h("td", {}, health(node)),
       h("td", { class: "num" }, String(node.faults ?? 0)),
       h("td", {}, (placements.get(`${clusterName}/${node.name}`) || []).map((run) => h("span", { class: "placed" },
