@@ -6,6 +6,9 @@ import multiprocessing
 import time
 from pathlib import Path
 
+import pytest
+
+from tessera.platform.errors import RunExists
 from tessera.platform.state import PENDING, RunRecord, StateDB, new_run_id
 
 
@@ -42,3 +45,15 @@ def test_node_faults_exclude_after_two_or_at_once_when_hard(tmp_path: Path) -> N
     assert db.record_node_fault("c", "n2", "NODE_FAIL", hard=True) == (1, True)
     assert db.excluded_nodes("c") == ["n1", "n2"] and db.excluded_nodes("other") == []
     assert db.clear_node("c", "n1") and db.excluded_nodes("c") == ["n2"]
+
+
+def test_a_name_taken_between_check_and_insert_is_a_run_exists_error(tmp_path: Path) -> None:
+    """Two submissions of one name that both passed the SDK's check: the database's unique name decides,
+    and the loser gets RunExists (409 through the server), not an sqlite error."""
+    with StateDB(tmp_path) as db:
+        now = time.time()
+        db.insert_run(RunRecord(new_run_id(), "twin", {"name": "twin"}, PENDING, "local", now, now, str(tmp_path)))
+        with pytest.raises(RunExists, match="'twin' exists"):
+            db.insert_run(RunRecord(new_run_id(), "twin", {"name": "twin"}, PENDING, "local", now, now,
+                                    str(tmp_path)))
+        assert [r.name for r in db.list_runs()] == ["twin"]

@@ -13,6 +13,7 @@ from tessera.platform.connection import connect
 from tessera.platform.errors import (
     ClusterError,
     PlatformError,
+    RunExists,
     RunFailed,
     RunNotFound,
     RunStateError,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 __getattr__ = lazy_exports(__name__, {"client": ["RemotePlatform"]})
 
 __all__ = [
-    "ClusterError", "Platform", "PlatformError", "RemotePlatform", "Run", "RunFailed", "RunNotFound", "RunSpec",
+    "ClusterError", "Platform", "PlatformError", "RemotePlatform", "Run", "RunExists", "RunFailed", "RunNotFound", "RunSpec",
     "RunStateError",
     "SecretError", "SpecError", "clone_run", "connect", "count_runs", "create_run", "delete_run", "follow_logs", "get_run",
     "list_runs", "load_spec", "move_run", "parse_spec", "restart_run", "run_metrics", "stop_run", "update_run",

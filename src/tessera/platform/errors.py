@@ -11,6 +11,10 @@ class SpecError(PlatformError, ValueError):
     """A run spec is invalid; the message lists every problem, one per line."""
 
 
+class RunExists(SpecError):
+    """The team (the platform home) already has a run of that name."""
+
+
 class SecretError(PlatformError):
     """A secret is missing, malformed or cannot be stored."""
 

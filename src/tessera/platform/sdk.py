@@ -27,6 +27,7 @@ from tessera.platform.clusters import CLUSTER_TYPES, LOCAL, ClusterBackend, Node
 from tessera.platform.errors import (
     ClusterError,
     PlatformError,
+    RunExists,
     RunFailed,
     RunNotFound,
     RunStateError,
@@ -135,7 +136,7 @@ class Platform:
                             f"(create them with `tessera secret create ...`)")
         existing = self.db.get_run(spec.name)
         if existing:
-            raise SpecError(f"a run named {spec.name!r} exists ({existing.status}); choose another name, or "
+            raise RunExists(f"a run named {spec.name!r} exists ({existing.status}); choose another name, or "
                             f"`tessera run restart {spec.name}`")
         folder = self.home / "runs" / spec.name
         if folder.exists():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tessera.platform.errors import RunExists
 from tessera.platform.home import tessera_home
 from tessera.platform.state_schema import LIST_INDEXES, MIGRATIONS, SCHEMA, SCHEMA_VERSION
 
@@ -217,9 +218,14 @@ class StateDB:
 
     def insert_run(self, run: RunRecord) -> None:
         data = {k: _encode(v, k) for k, v in run.__dict__.items()}
-        with self.write() as c:
-            c.execute(f"INSERT INTO runs ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
-                      tuple(data.values()))
+        try:
+            with self.write() as c:
+                c.execute(f"INSERT INTO runs ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
+                          tuple(data.values()))
+        except sqlite3.IntegrityError as exc:   # another submission took the name since it was checked
+            if "runs.name" not in str(exc):
+                raise
+            raise RunExists(f"a run named {run.name!r} exists; choose another name") from None
 
     def get_run(self, name_or_id: str) -> RunRecord | None:
         row = self.conn.execute("SELECT * FROM runs WHERE name = ? OR id = ? ORDER BY name = ? DESC LIMIT 1",

@@ -21,6 +21,7 @@ from tessera import __version__
 from tessera.platform.errors import (
     ClusterError,
     PlatformError,
+    RunExists,
     RunFailed,
     RunNotFound,
     RunStateError,
@@ -42,7 +43,7 @@ MAX_DETAIL = 1000
 
 # Most specific first: the first class an error is an instance of gives its status.
 _STATUS: list[tuple[type[Exception], int]] = [
-    (RunNotFound, 404), (AccountNotFound, 404), (AccountExists, 409), (RunStateError, 409), (RunFailed, 409),
+    (RunNotFound, 404), (AccountNotFound, 404), (AccountExists, 409), (RunExists, 409), (RunStateError, 409), (RunFailed, 409),
     (SpecError, 422), (SecretInputError, 422), (SecretError, 400), (ClusterError, 400), (PlatformError, 400), (ValueError, 400),
 ]
 

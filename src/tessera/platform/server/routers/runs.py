@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query, Response
+from fastapi import APIRouter, Query, Response
 
-from tessera.platform.sdk import Platform
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import Limit, Offset, RunName
 from tessera.platform.server.schemas import (
@@ -40,7 +39,6 @@ def list_runs(platform: TeamPlatform,
 
 @router.post("", status_code=201)
 def submit_run(body: SubmitRun, who: CurrentUser, state: State, platform: TeamPlatform) -> dict[str, Any]:
-    _refuse_taken(platform, body.spec.get("name") or body.spec.get("run_name"))
     run = platform.create_run(body.spec, cluster=body.cluster, workdir=state.teams.home(who.team), user=who.user)
     state.audit.record(who, "submit", run.name, f"cluster {run.cluster}")
     return platform.describe_run(run.name)
@@ -78,7 +76,6 @@ def move_run(name: RunName, body: MoveRun, who: CurrentUser, state: State, platf
 @router.post("/{name}/clone", status_code=201)
 def clone_run(name: RunName, body: CloneRun, who: CurrentUser, state: State, platform: TeamPlatform
               ) -> dict[str, Any]:
-    _refuse_taken(platform, body.name)
     run = platform.clone_run(name, body.name, cluster=body.cluster, gpus=body.gpus, user=who.user)
     state.audit.record(who, "clone", name, f"as {run.name} on cluster {run.cluster}")
     return platform.describe_run(run.name)
@@ -98,9 +95,3 @@ def delete_run(name: RunName, who: CurrentUser, state: State, platform: TeamPlat
     platform.delete_run(name)
     state.audit.record(who, "delete", name)
     return Response(status_code=204)
-
-
-def _refuse_taken(platform: Platform, name: object) -> None:
-    """409 for a name the team already has (the platform itself refuses it too, as a spec error)."""
-    if isinstance(name, str) and platform.db.get_run(name) is not None:
-        raise HTTPException(409, f"a run named {name!r} exists; choose another name, or restart it")
