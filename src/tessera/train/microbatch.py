@@ -118,12 +118,15 @@ class AutoMicrobatch:
             raise ValueError(f"device_train_microbatch_size must be >= 1, got {size}")
         self.size, self.auto, self.device = size, auto, device
         self.retries = 0
+        self.current = size  # the size the last batch was cut into (what a halving starts from)
 
     def size_for(self, batch_size: int) -> int:
-        """The microbatch size to use for a per-device batch of `batch_size` samples."""
-        if self.size is None or self.size > batch_size:
-            self.size = batch_size
-        return self.size
+        """The microbatch size to use for a per-device batch of `batch_size` samples.
+
+        A short batch (an epoch's last) is one microbatch of its own size without lowering `size`: the
+        batches after it are cut as before, so a run resumed after it does the same arithmetic."""
+        self.current = batch_size if self.size is None else min(self.size, batch_size)
+        return self.current
 
     def count(self, batch_size: int) -> int:
         return math.ceil(batch_size / self.size_for(batch_size))
@@ -132,11 +135,11 @@ class AutoMicrobatch:
         """All ranks: True if any rank ran out of memory on this batch; then the microbatch is halved."""
         if not any_rank(out_of_memory, self.device):
             return False
-        assert self.size is not None
-        if self.size == 1:
+        assert self.current is not None
+        if self.current == 1:
             raise MicrobatchTooSmall("out of memory with a microbatch of 1 sample; use a smaller model, "
                                      "shard it (parallelism='fsdp'), or a lower precision")
-        self.size = max(1, self.size // 2)
+        self.size = max(1, self.current // 2)
         self.retries += 1
         gc.collect()
         if torch.cuda.is_available():

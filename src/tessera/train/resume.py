@@ -39,6 +39,9 @@ def resume(trainer: Any, log: logging.Logger) -> None:
     apply_state(state, trainer.model, trainer.optimizers, trainer.schedulers, scaler, restore_rng=False)
     trainer.timestamp = Timestamp.from_state_dict(state["timestamp"])
     trainer._pending_rng = state.get("rng")
+    found = (state.get("config") or {}).get("auto_microbatch_size")
+    if trainer.microbatch.auto and found:  # the size auto-microbatching had found: the same cuts, the same sums
+        trainer.microbatch.size = int(found)
     # stacklevel 4: the warnings name the caller of Trainer.fit (resume <- Trainer._resume <- fit <- caller)
     if state.get("dataloader") is not None and hasattr(trainer.train_dataloader, "load_state_dict"):
         trainer.train_dataloader.load_state_dict(state["dataloader"])

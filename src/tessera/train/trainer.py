@@ -294,7 +294,8 @@ class Trainer:
         return {"run_name": self.run_name, "max_duration": str(self.max_duration), "world_size": self.world_size,
                 "global_batch_size": (self.per_device_batch_size or 0) * self.world_size,
                 "precision": self.precision.value, "parallelism": self.parallelism, "seed": self.seed,
-                "grad_clip_norm": self.grad_clip_norm, **self.run_config}
+                "grad_clip_norm": self.grad_clip_norm,
+                **({"auto_microbatch_size": self.microbatch.size} if self.microbatch.auto else {}), **self.run_config}
 
     def save_checkpoint(self) -> None:
         """Stage the run's state and save it in the background (every rank calls this at the same step)."""
@@ -349,7 +350,7 @@ class Trainer:
         ts = self.timestamp
         metrics = {"train/loss": values[0], "time/epoch": ts.epoch, "time/sample": ts.sample,
                    "time/token": ts.token, "time/progress": run_progress(ts, self.max_duration, epoch_length),
-                   "train/microbatch_size": self.microbatch.size or 0}
+                   "train/microbatch_size": self.microbatch.current or 0}
         if grad_norm is not None:
             metrics["train/grad_norm"] = values[1]
         if skipping:
