@@ -63,3 +63,31 @@ def test_an_oversubscribed_cpu_drops_to_one_thread_once(monkeypatch: pytest.Monk
     monkeypatch.delenv("OMP_NUM_THREADS")
     cpu_threads.limit_threads_if_oversubscribed(torch.device("meta"))  # not a CPU run: untouched
     assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize(("saved", "current", "chosen", "expected"), [
+    (2, 1, False, 2),      # started with 2 threads, resumed on a busy machine: 2 again
+    (1, 2, False, 1),      # started busy with 1: 1 again
+    (2, 2, False, None),   # nothing differs
+    (None, 2, False, None),  # a checkpoint from before the count was saved
+    (2, 1, True, None),    # the user chose 1 for this part: kept (with a warning)
+])
+def test_threads_for_resume(saved: int | None, current: int, chosen: bool, expected: int | None) -> None:
+    assert cpu_threads.threads_for_resume(saved, current, chosen) == expected
+
+
+def test_a_resumed_cpu_run_takes_the_saved_count_whatever_the_load(monkeypatch: pytest.MonkeyPatch, restore_threads,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    for name in cpu_threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 5.0, 3.0))
+    torch.set_num_threads(2)
+    assert cpu_threads.choose_threads(torch.device("cpu"), None) == 1  # busy at this start
+    cpu_threads.resume_threads(torch.device("cpu"), 2, chosen=False)  # the run began with 2
+    assert torch.get_num_threads() == 2
+    assert cpu_threads.choose_threads(torch.device("cpu"), 1) == 1  # torch_threads=1 given: the user's
+    with caplog.at_level(logging.WARNING, logger="tessera.train.cpu_threads"):
+        cpu_threads.resume_threads(torch.device("cpu"), 2, chosen=True)
+    assert torch.get_num_threads() == 1
+    assert "last bits" in caplog.records[-1].getMessage()

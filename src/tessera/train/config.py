@@ -218,7 +218,8 @@ class TrainerConfig(BaseModel):
 
     max_duration: Duration = Field(description="How long to train: ba, ep, sp or tok (e.g. 300ba, 2ep).")
     run_name: Annotated[str | None, AfterValidator(_run_name)] = Field(
-        None, description="Names the run's folders; no '/', '..' or leading '.'. None: $RUN_NAME.")
+        None, description="Names the run's folders ({run_name} in paths); no '/', '..' or leading '.'. None: "
+                          "$RUN_NAME. A recipe's: run_name= given, else $RUN_NAME, else the file's, else its stem.")
     seed: int = Field(42, description="Seeds python, numpy and torch (plus the rank).")
     save_folder: StorageURL = Field(None, description="Where checkpoints go (a path or URL; may hold {run_name}).")
     save_interval: Interval = Field(None, description="How often to save a checkpoint; None: every epoch.")
@@ -251,6 +252,10 @@ class TrainerConfig(BaseModel):
     log_dir: Annotated[str, BeforeValidator(_fspath)] = Field("logs/{run_name}",
                                                               description="Where file loggers write.")
     log_interval: Interval = Field("1ba", description="How often to log the training metrics.")
+    torch_threads: int | None = Field(
+        None, ge=1, le=1024, description="torch's CPU threads. None: torch's choice (one per core), or one thread "
+        "when the CPU is oversubscribed at the run's first start; a resumed run keeps the count it started with, as "
+        "CPU sums differ with it.")
     device: Annotated[str | None, BeforeValidator(_device)] = Field(
         None, description="A torch device (cpu, cuda, cuda:1); None: the rank's GPU, else the CPU.")
     parallelism: ParallelismConfig = Field(

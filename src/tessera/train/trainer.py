@@ -45,7 +45,7 @@ from tessera.train.config import (
     parse_microbatch,
     per_device_batch_size,
 )
-from tessera.train.cpu_threads import limit_threads_if_oversubscribed
+from tessera.train.cpu_threads import choose_threads
 from tessera.train.epochs import END, EpochIterator, loader_length
 from tessera.train.evaluation import evaluate, model_outputs
 from tessera.train.hardware import device_peak_flops
@@ -105,7 +105,7 @@ class Trainer:
         if save_folder is not None:
             check_save_folder(save_folder, run_name, self.rank)
         dist_utils.init_distributed(self.device)
-        limit_threads_if_oversubscribed(self.device)
+        self.cpu_threads = choose_threads(self.device, cfg.torch_threads)  # saved: a resumed run takes it again
         self.microbatch = AutoMicrobatch(microbatch_size, auto, self.device)
         seed_all(cfg.seed + self.rank)
 
@@ -141,7 +141,8 @@ class Trainer:
         self.heartbeat = Heartbeat.from_env(self.run_name, self.rank)
         self.throughput = Throughput(device=self.device)
         self.summary: dict[str, float] = {}  # the run's throughput figures, set when fit() ends
-        self.stop_requested = False
+        self.stop_requested = False  # agreed by every rank (set by callbacks, or from request_stop)
+        self._stop_pending = False  # request_stop() on this rank, not yet agreed
         self._pending_rng: dict[str, Any] | None = None
         self.resumed: dict[str, Any] | None = None  # the loaded checkpoint's URL and config, after fit() resumed
         self.nonfinite = NonFiniteGuard(cfg.on_nonfinite, cfg.max_skipped_steps, self.device, self.scaler)
@@ -242,14 +243,24 @@ class Trainer:
             norm = total_grad_norm(self.model.parameters())
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
+    def request_stop(self) -> None:
+        """Checkpoint and end the run after the current step (what SIGTERM and Ctrl-C ask: safe in a signal
+        handler). A signal reaches the ranks at different moments, so a rank only notes it here; the ranks
+        agree with the step's sample counts (`_global_counts`) and all stop after the same step."""
+        self._stop_pending = True
+
     def _global_counts(self, batch: Any) -> tuple[int, int]:
+        """The step's samples and tokens over all ranks; settles a pending `request_stop` on every rank."""
         tokens = self.num_tokens_fn(batch) if self.num_tokens_fn is not None else count_tokens(batch)
+        stop = self._stop_pending  # read once: a signal may set it again at any bytecode
         if self._count_group is None:
+            self.stop_requested = self.stop_requested or stop
             return batch_size_of(batch), int(tokens)
-        counts = torch.tensor([batch_size_of(batch), int(tokens)], dtype=torch.int64)
+        counts = torch.tensor([batch_size_of(batch), int(tokens), int(stop)], dtype=torch.int64)
         torch.distributed.all_reduce(counts, group=self._count_group)
-        samples, tokens = (count // self.plan.tp_degree for count in counts.tolist())  # a TP group: one batch
-        return samples, tokens
+        samples, tokens, stops = counts.tolist()
+        self.stop_requested = self.stop_requested or stops > 0
+        return samples // self.plan.tp_degree, tokens // self.plan.tp_degree  # a TP group: one batch
 
     def _finished(self) -> bool:
         return self.stop_requested or self.timestamp.get(self.max_duration.unit) >= self.max_duration
@@ -295,7 +306,8 @@ class Trainer:
                 "global_batch_size": (self.per_device_batch_size or 0) * self.world_size,
                 "precision": self.precision.value, "parallelism": self.parallelism, "seed": self.seed,
                 "grad_clip_norm": self.grad_clip_norm,
-                **({"auto_microbatch_size": self.microbatch.size} if self.microbatch.auto else {}), **self.run_config}
+                **({"auto_microbatch_size": self.microbatch.size} if self.microbatch.auto else {}),
+                **({"cpu_threads": self.cpu_threads} if self.device.type == "cpu" else {}), **self.run_config}
 
     def save_checkpoint(self) -> None:
         """Stage the run's state and save it in the background (every rank calls this at the same step)."""
@@ -371,7 +383,9 @@ class Trainer:
         self.summary = self.throughput.summary(self.world_size, self.timestamp.sample, self.timestamp.token,
                                                self._flops_per_token, self._peak_flops)
         self._log(self.summary)  # before the final eval and save, which are not training time
-        if trained and self.eval_dataloader is not None and self._last_eval != self.timestamp:
+        # A requested stop (SIGTERM, Ctrl-C) saves at once: the final evaluation is the finished run's.
+        if trained and self.eval_dataloader is not None and self._last_eval != self.timestamp \
+                and not self.stop_requested:
             self.evaluate()
         if trained and self.checkpoints is not None:
             self._check_finite(weights=True)
