@@ -18,3 +18,12 @@ def mixed_sample(i: int) -> dict:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def without_provenance(files: dict[str, bytes]) -> dict[str, bytes]:
+    """A dataset's files ({name: bytes}) with index.json as a writer given no `sources` writes it: without
+    `convert`'s record of input rows (provenance.py), so a conversion compares byte for byte with samples
+    written one `ShardWriter.write` at a time."""
+    index = json.loads(files["index.json"])
+    index.pop("tessera_provenance")
+    return {**files, "index.json": json.dumps(index, sort_keys=True).encode("utf-8")}

@@ -80,6 +80,10 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
         typer.echo(json.dumps({**summary.__dict__, "samples_per_second": summary.samples_per_second,
                                "mb_per_second": summary.mb_per_second}))
         return
+    if summary.status != "written":
+        done = "already complete" if summary.status == "complete" else "finished the interrupted commit"
+        err.print(f"{done}: {summary.samples:,} samples in {summary.shards} shards; nothing to do", soft_wrap=True)
+        return
     err.print("columns: " + ", ".join(f"{k}:{v}" for k, v in summary.columns.items()))
     err.print(f"wrote {summary.samples:,} samples in {summary.shards} shards to {summary.out}: "
               f"{_mb(summary.raw_bytes)} raw, {_mb(summary.stored_bytes)} stored, {summary.seconds:.1f}s "

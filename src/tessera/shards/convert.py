@@ -27,8 +27,11 @@ from typing import Any
 import numpy as np
 
 from tessera.shards.convert_worker import ChunkJob, EncodedChunk, encode_chunk, open_body, select
+from tessera.shards.dataset import open_dataset_store
 from tessera.shards.index import ShardEntry
 from tessera.shards.inputs import is_url
+from tessera.shards.provenance import NotResumable, Segment, input_ids, merge_segments
+from tessera.shards.resume import check_resume
 from tessera.shards.sources import Chunk, SourceError, detect_format, infer_columns, plan_chunks, read_chunk
 from tessera.shards.writer import ShardWriter
 from tessera.storage.fork_gate import requests_made
@@ -50,6 +53,7 @@ class ConvertSummary:
     seconds: float = 0.0
     workers: int = 1
     skipped: int = 0
+    status: str = "written"  # "complete": a resume found it done; "committed": it finished the commit
     extra: dict[str, Any] = field(default_factory=dict)
 
     def written(self, entries: Sequence[ShardEntry], started: float) -> ConvertSummary:
@@ -214,7 +218,9 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
             text_field: str | None = None, progress: Progress | None = None) -> ConvertSummary:
     """Convert a file or folder to an MDS dataset at `out` (a folder or any storage URL).
 
-    `workers` processes read and encode the input; the dataset is byte-identical for any `workers`."""
+    `workers` processes read and encode the input; the dataset is byte-identical for any `workers`.
+    `mode="resume"` stores each input row exactly once however often the conversion was interrupted or
+    resumed (resume.py): a complete conversion is left as it is (`status` "complete")."""
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     t0 = time.perf_counter()
@@ -227,9 +233,17 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
         if workers > 1:
             pool = ChunkPool(workers, fmt)
             stack.callback(pool.close)
+        store = open_dataset_store(out)
         chunks = plan_chunks(path, fmt)
         if not chunks:
             raise SourceError(f"{path}: nothing to convert")
+        inputs, chunk_input = input_ids(str(path), chunks)
+        finished = check_resume(store, inputs) if mode == "resume" else None
+        if finished is not None:
+            first = finished.index.shards[0] if finished.index.shards else None
+            cols = dict(zip(first.column_names, first.column_encodings, strict=True)) if first else {}
+            summary = ConvertSummary(str(out), fmt, cols, workers=workers, status=finished.how)
+            return summary.written(finished.index.shards, t0)
         cols = dict(columns) if columns else _infer(chunks, fmt, text_field, path)
         if pool is not None and len(chunks) == 1:
             pool.close()  # one chunk: nothing to spread
@@ -237,23 +251,46 @@ def convert(input: str | Path, out: str | Path, *, fmt: str | None = None, colum
         summary = ConvertSummary(str(out), fmt, cols, workers=workers)
         spec = tuple(sorted(cols.items()))
         jobs = [ChunkJob(i, chunk, spec, text_field, fmt in ("csv", "tsv")) for i, chunk in enumerate(chunks)]
-        with ShardWriter(out, cols, compression=compression, hashes=hashes, size_limit=size_limit, mode=mode) as w:
-            skip = w.resumed_samples
+        with ShardWriter(store, cols, compression=compression, hashes=hashes, size_limit=size_limit, mode=mode,
+                         sources=inputs) as w:
             encoded = pool.encode(jobs) if pool is not None else map(encode_chunk, jobs)
-            for done, result in enumerate(encoded, 1):
-                sizes, body = result.sizes, open_body(result)
-                if skip:
-                    dropped = min(skip, len(sizes))
-                    sizes, body = _skip(sizes, body, dropped)
-                    skip -= dropped
-                    summary.skipped += dropped
-                w.write_encoded(sizes, body)
-                if progress:
-                    progress(w.samples_written, done)
+            _write_chunks(w, encoded, chunk_input, summary, progress)
             if pool is not None:
                 pool.close(wait=False)  # the workers exit while the last shards are stored
             entries = w.finish()
     return summary.written(entries, t0)
+
+
+def _write_chunks(w: ShardWriter, encoded: Iterable[EncodedChunk], chunk_input: list[int],
+                  summary: ConvertSummary, progress: Progress | None) -> None:
+    """Hand the encoded chunks to the writer in order, each with the input rows it holds; the first
+    `w.resumed_samples` samples (stored by the interrupted write a resume continues) are dropped, and
+    the rows they were are checked against (or recorded as) the provenance of the shards that hold them."""
+    skip = w.resumed_samples
+    rows = [0] * (max(chunk_input) + 1)  # rows of each input read so far
+    kept: list[Segment] = []  # the input rows the resumed shards hold
+    checked = False
+    for done, result in enumerate(encoded, 1):
+        sizes, body = result.sizes, open_body(result)
+        source = chunk_input[result.index]
+        first, rows[source] = rows[source], rows[source] + len(sizes)
+        if skip:
+            dropped = min(skip, len(sizes))
+            kept.append((source, first, first + dropped))
+            sizes, body = _skip(sizes, body, dropped)
+            skip -= dropped
+            first += dropped
+            summary.skipped += dropped
+        if not skip and not checked:
+            w.check_resumed(merge_segments(kept))
+            checked = True
+        w.write_encoded(sizes, body, (source, first))
+        if progress:
+            progress(w.samples_written, done)
+    if skip:
+        raise NotResumable(f"{w.store.url}: the interrupted write stored {w.resumed_samples:,} samples, but this "
+                           f"input has only {w.resumed_samples - skip:,}: it is not the input that write was "
+                           "converting; resume with the same input, or pass mode='overwrite' to start over")
 
 
 def _infer(chunks: list[Chunk], fmt: str, text_field: str | None, path: str | Path) -> dict[str, str]:

@@ -34,7 +34,8 @@ class WriteSession:
 
     `shards` are the shards the final index begins with (committed ones, plus those a resumed write had
     confirmed); the first `base_shards` of them predate the interrupted write. `replaces` are shards of
-    an overwritten dataset, deleted once the new index is committed.
+    an overwritten dataset, deleted once the new index is committed. `extensions` are the top-level keys
+    the index will hold (a write may update them: `extensions=` of `write_journal` and `commit`).
     """
 
     mode: str
@@ -44,6 +45,7 @@ class WriteSession:
     extensions: dict[str, Any] = field(default_factory=dict)
     next_number: int = 0
     resumed_samples: int = 0
+    inputs: list[Any] | None = None  # what the write converts (`convert`'s inputs), kept in its journal
 
     @property
     def committed_samples(self) -> int:
@@ -103,36 +105,62 @@ def _resume(store: Store, journal: DatasetIndex) -> WriteSession:
         raise IndexFormatError(label, f"missing or malformed {JOURNAL_KEY!r} object")
     base, replaces, extensions = meta.get("base_shards", 0), meta.get("replaces", []), meta.get("extensions", {})
     if not (isinstance(base, int) and 0 <= base <= len(journal.shards)) or not isinstance(replaces, list) \
-            or not isinstance(extensions, dict):
-        raise IndexFormatError(label, f"{JOURNAL_KEY}: base_shards must be 0..{len(journal.shards)}, replaces a "
-                               "list and extensions an object")
+            or not isinstance(extensions, dict) or not isinstance(meta.get("inputs", []), list):
+        raise IndexFormatError(label, f"{JOURNAL_KEY}: base_shards must be 0..{len(journal.shards)}, replaces and "
+                               "inputs lists and extensions an object")
     replaces = [ShardEntry.from_json(obj, label) for obj in replaces]
-    extensions = dict(extensions)
+    extensions, inputs = dict(extensions), meta.get("inputs")
     resumed = sum(entry.samples for entry in journal.shards[base:])
     if meta.get("state") == "committing":
         # The interrupted writer had finished: redo its (idempotent) commit, then append after it.
-        commit(store, WriteSession(meta["mode"], journal.shards, base, replaces, extensions), journal.shards)
+        commit(store, WriteSession(meta["mode"], journal.shards, base, replaces, extensions, inputs=inputs),
+               journal.shards)
         return WriteSession("append", list(journal.shards), len(journal.shards), extensions=extensions,
-                            next_number=_next_number(journal.shards), resumed_samples=resumed)
+                            next_number=_next_number(journal.shards), resumed_samples=resumed, inputs=inputs)
     return WriteSession(meta["mode"], list(journal.shards), base, replaces, extensions,
-                        _next_number(journal.shards + replaces), resumed)
+                        _next_number(journal.shards + replaces), resumed, inputs)
 
 
-def journal_text(session: WriteSession, shards: list[ShardEntry], state: str) -> str:
-    """The journal naming `shards` (all confirmed present) for `session` in `state`."""
+def read_committed(store: Store) -> DatasetIndex | None:
+    """The committed index.json, or None when there is none."""
+    return _read(store, INDEX_BASENAME)
+
+
+def read_journal(store: Store) -> tuple[DatasetIndex, dict[str, Any]] | None:
+    """The journal of a write in flight and its `tessera_journal` object, or None when there is none."""
+    journal = _read(store, JOURNAL_BASENAME)
+    if journal is None:
+        return None
+    meta = journal.extensions.get(JOURNAL_KEY)
+    if not isinstance(meta, dict):
+        raise IndexFormatError(store.url_for(JOURNAL_BASENAME), f"missing or malformed {JOURNAL_KEY!r} object")
+    return journal, meta
+
+
+def journal_text(session: WriteSession, shards: list[ShardEntry], state: str,
+                 extensions: dict[str, Any] | None = None) -> str:
+    """The journal naming `shards` (all confirmed present) for `session` in `state`; `extensions` are
+    those of the index it would commit (default: the session's)."""
     meta = {"state": state, "mode": session.mode, "base_shards": session.base_shards,
-            "replaces": [entry.to_json() for entry in session.replaces], "extensions": session.extensions}
+            "replaces": [entry.to_json() for entry in session.replaces],
+            "extensions": session.extensions if extensions is None else extensions}
+    if session.inputs is not None:
+        meta["inputs"] = session.inputs
     return DatasetIndex(shards, {JOURNAL_KEY: meta}).to_json()
 
 
-def write_journal(store: Store, session: WriteSession, shards: list[ShardEntry], state: str = "writing") -> None:
-    store.put(JOURNAL_BASENAME, journal_text(session, shards, state).encode("utf-8"))
+def write_journal(store: Store, session: WriteSession, shards: list[ShardEntry], state: str = "writing",
+                  extensions: dict[str, Any] | None = None) -> None:
+    store.put(JOURNAL_BASENAME, journal_text(session, shards, state, extensions).encode("utf-8"))
 
 
-def commit(store: Store, session: WriteSession, shards: list[ShardEntry]) -> None:
-    """Make `shards` the dataset: journal -> index.json -> delete replaced files -> drop journal."""
-    write_journal(store, session, shards, "committing")
-    store.put(INDEX_BASENAME, DatasetIndex(shards, session.extensions).to_json().encode("utf-8"))
+def commit(store: Store, session: WriteSession, shards: list[ShardEntry],
+           extensions: dict[str, Any] | None = None) -> None:
+    """Make `shards` the dataset: journal -> index.json -> delete replaced files -> drop journal.
+    `extensions`: the index's top-level keys (default: the session's)."""
+    extensions = session.extensions if extensions is None else extensions
+    write_journal(store, session, shards, "committing", extensions)
+    store.put(INDEX_BASENAME, DatasetIndex(shards, extensions).to_json().encode("utf-8"))
     kept = {key for entry in shards for key in shard_keys(entry)}
     stale = [key for entry in session.replaces for key in shard_keys(entry) if key not in kept]
     if stale:

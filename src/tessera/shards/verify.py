@@ -2,7 +2,9 @@
 
 Problems are collected, not raised one at a time: a user repairing a dataset wants the whole list, so
 index entries that readers refuse as a whole (a file listed twice, `samples: 0` hiding samples) are
-listed too, and the shards are still checked.
+listed too, and the shards are still checked. Where `convert` recorded which input rows each shard holds
+(provenance.py), rows stored in two shards are problems too: every file is sound, yet readers would see
+those samples twice.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from tessera.shards.dataset import open_dataset_store, read_index
 from tessera.shards.errors import ShardError, ShardFormatError
 from tessera.shards.fetch import decompress_file
 from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, InconsistentIndex, ShardEntry
+from tessera.shards.provenance import provenance_problems
 from tessera.shards.text_reader import open_shard_reader
 from tessera.storage import StorageError, Store, download_from
 from tessera.storage.transfer import hash_file
@@ -109,6 +112,7 @@ def verify_dataset(url: str | Path | Store, split: str | None = None, *, decode:
         report.problems.append(report.index_error)
         return report
     report.shards, report.samples = len(index.shards), index.num_samples
+    report.problems += provenance_problems(index, store.url_for(INDEX_BASENAME))  # source rows stored twice
     with tempfile.TemporaryDirectory(prefix="tessera-verify-") as tmp:
         for shard, entry in enumerate(index.shards):
             report.problems += _verify_shard(store, shard, entry, Path(tmp), decode, allow_unsafe_types)

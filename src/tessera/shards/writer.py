@@ -24,8 +24,9 @@ from tessera.shards.dataset import open_dataset_store
 from tessera.shards.encodings import Buffer
 from tessera.shards.hashing import normalize_hashes
 from tessera.shards.index import FileInfo, ShardEntry
-from tessera.shards.layout import config_bytes
+from tessera.shards.layout import config_bytes, shard_basenames
 from tessera.shards.pipeline import PendingShard, ShardTemplate, ShardUploader
+from tessera.shards.provenance import InputId, Provenance, Segment, SourceRecorder
 from tessera.shards.samples import SampleEncoder
 from tessera.shards.session import WriteSession, commit, plan_session, write_journal
 from tessera.shards.sizes import parse_size
@@ -57,6 +58,8 @@ class ShardWriter:
             "resume" continues an interrupted write (see `resumed_samples`); "overwrite" replaces the
             dataset, deleting the old shards only after the new index is committed.
         max_pending: shards being hashed, compressed or uploaded at once (bounds memory).
+        sources: the inputs the samples come from (`convert`'s): `write_encoded(..., source=)` then says
+            which rows each batch is, and the index records which rows each shard holds (provenance.py).
 
     Use as a context manager: leaving the block normally commits index.json; an exception commits
     nothing new (the previous dataset stays valid) and leaves a journal for `mode="resume"`.
@@ -64,7 +67,7 @@ class ShardWriter:
 
     def __init__(self, out: str | Path | Store, columns: Mapping[str, str], compression: str | None = None,
                  hashes: Iterable[str] | None = None, size_limit: int | str | None = "64mb",
-                 mode: str = "create", max_pending: int = 4) -> None:
+                 mode: str = "create", max_pending: int = 4, sources: Sequence[InputId] | None = None) -> None:
         self.store = open_dataset_store(out)
         label = self.store.url
         self._encoder = SampleEncoder(columns, label)
@@ -79,6 +82,10 @@ class ShardWriter:
         config = config_bytes(entry.config())
         self.session: WriteSession = plan_session(self.store, mode)
         self._check_compatible(entry)
+        self.sources: SourceRecorder | None = None
+        if sources is not None:
+            self.session.inputs = [item.to_json() for item in sources]
+            self.sources = SourceRecorder(Provenance.from_extensions(self.session.extensions, label), sources)
         self._template = ShardTemplate(config, codec, entry)
         self._uploader = ShardUploader(self.store, self._template, self.session.next_number, max_pending,
                                        self._journal)
@@ -91,7 +98,7 @@ class ShardWriter:
         self.samples_written = 0
         self._closed = False
         if self.session.mode != "create" or self.session.shards:
-            write_journal(self.store, self.session, self.session.shards)  # mark the write as in progress
+            self._write_journal(self.session.shards)  # mark the write as in progress
 
     def get_config(self) -> dict[str, Any]:
         """The writer's settings as MosaicML's `MDSWriter.get_config()` returns them (every shard embeds
@@ -127,13 +134,26 @@ class ShardWriter:
         self._sealed: list[np.ndarray] = []  # their sample sizes
         self._shard_size = self._header_size
 
+    def _extensions(self, shards: list[ShardEntry]) -> dict[str, Any] | None:
+        """The index's top-level keys for `shards`: the session's, with their provenance when recorded."""
+        return self.sources.extensions(self.session.extensions, shards) if self.sources is not None else None
+
+    def _write_journal(self, shards: list[ShardEntry]) -> None:
+        write_journal(self.store, self.session, shards, extensions=self._extensions(shards))
+
+    def check_resumed(self, runs: Sequence[Segment]) -> None:
+        """The samples a resumed write kept (`resumed_samples`) are these rows of `sources`, in order (as
+        (source, first, stop)): recorded as their shards' provenance, or checked against the journal's."""
+        if self.sources is not None:
+            self.sources.resumed(self.session.shards[self.session.base_shards:], runs, self.store.url)
+
     def _journal(self, confirmed: list[ShardEntry]) -> None:
         """Record confirmed shards for `mode="resume"`, throttled: the journal names every shard, so
         rewriting it per shard would cost O(shards^2); at most ~5% of the time goes to it."""
         now = time.monotonic()
         if now < self._journal_due:
             return
-        write_journal(self.store, self.session, self.session.shards + confirmed)
+        self._write_journal(self.session.shards + confirmed)
         spent = time.monotonic() - now
         self._journal_due = time.monotonic() + max(self.journal_interval, 20 * spent)
 
@@ -148,6 +168,8 @@ class ShardWriter:
                 self._sizes or self._sealed or self._may_emit_empty):
             self._flush()
         self._may_emit_empty = False
+        if self.sources is not None:
+            self.sources.unknown()
         body = self._body
         for part in parts:
             body += part
@@ -155,10 +177,12 @@ class ShardWriter:
         self._shard_size += size + 4
         self.samples_written += 1
 
-    def write_encoded(self, sizes: Sequence[int] | np.ndarray, body: Buffer) -> None:
+    def write_encoded(self, sizes: Sequence[int] | np.ndarray, body: Buffer,
+                      source: tuple[int, int] | None = None) -> None:
         """Add samples encoded elsewhere (by a `SampleEncoder` in a convert worker): sample i is the next
         `sizes[i]` bytes of `body`. Shards are cut exactly where `write` would cut them, so the dataset is
-        the same bytes; `body` is sliced, not copied, and must not change until `finish`."""
+        the same bytes; `body` is sliced, not copied, and must not change until `finish`. `source`:
+        (index into `sources`, row of the first sample); the samples are that input's consecutive rows."""
         if self._closed:
             raise ValueError(f"{self.store.url}: the writer is closed")
         self._uploader.raise_if_failed()
@@ -185,6 +209,11 @@ class ShardWriter:
             lo, hi = int(ends[start - 1]) if start else 0, int(ends[stop - 1])
             self._parts.append(view[lo:hi])
             self._sealed.append(sizes[start:stop])
+            if self.sources is not None:
+                if source is None:
+                    self.sources.unknown()
+                else:
+                    self.sources.add(source[0], source[1] + start, stop - start)
             self._shard_size += hi - lo + 4 * (stop - start)
             self._may_emit_empty = False
             self.samples_written += stop - start
@@ -204,6 +233,8 @@ class ShardWriter:
             self._sizes = []
 
     def _flush(self) -> None:
+        if self.sources is not None:
+            self.sources.cut(shard_basenames(self._next_number, "mds", None)[0])
         if self._parts:
             self._seal_tail()
             shard = PendingShard(self._next_number, np.concatenate(self._sealed), self._parts)
@@ -228,7 +259,7 @@ class ShardWriter:
             raise
         self._uploader.close()
         shards = self.session.shards + confirmed
-        commit(self.store, self.session, shards)
+        commit(self.store, self.session, shards, self._extensions(shards))
         return shards
 
     def abort(self) -> None:
@@ -246,7 +277,7 @@ class ShardWriter:
         if not self._uploader.confirmed and self.session.mode == "create":
             return
         try:
-            write_journal(self.store, self.session, self.session.shards + self._uploader.confirmed)
+            self._write_journal(self.session.shards + self._uploader.confirmed)
         except Exception:  # never hide the error that made us stop
             logger.warning("%s: could not update the write journal", self.store.url, exc_info=True)
 
