@@ -147,7 +147,7 @@ def test_cli(tmp_path: Path) -> None:
     assert res.exit_code != 0 and "needs field" in res.output  # a prompt/response record is not chat
     res = runner.invoke(app, ["llm", "prep", str(data), str(tmp_path / "o3"), "--format", "auto", "--tokenizer",
                               "byte", "--loss-on", "some"])
-    assert res.exit_code != 0 and "loss_on must be one of" in res.output
+    assert res.exit_code == 2 and "loss_on: Input should be 'all_assistant', 'last_assistant' or 'all'" in res.output
 
 
 def test_one_process_prepares_while_the_others_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

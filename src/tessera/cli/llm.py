@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -72,6 +73,11 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
                                                            "response), last_assistant, or all tokens."),
          truncation: str = typer.Option("prompt_first", help="Examples longer than --seq-len: prompt_first "
                                                              "(cut the prompt side first) or drop."),
+         on_bad_row: str = typer.Option("error", help="Examples: a row that is not a valid record stops prep, "
+                                                      "naming its file and line (error), or is left out and "
+                                                      "counted (skip)."),
+         max_record_bytes: str = typer.Option("128mb", help="Examples: a longer record (JSONL line) is a bad "
+                                                            "row, never read whole."),
          suffix: list[str] = typer.Option(None, help="Only text files with this suffix (.py); repeatable."),
          val_fraction: float = typer.Option(0.01, help="Fraction of documents held out for validation."),
          workers: int = typer.Option(1, help="Tokenizing processes (the output does not depend on it)."),
@@ -85,11 +91,12 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
     (--format chat|instruction|auto, --pack/--no-pack) encode fine-tuning examples with loss masks."""
     from tessera.llm.prep import prep as run_prep
 
-    if fmt in EXAMPLE_FORMATS or pack is not None:
+    # a transformers tokenizer folder only encodes examples (a corpus needs a tokenizer JSON or 'byte')
+    if fmt in EXAMPLE_FORMATS or pack is not None or (fmt is None and Path(tokenizer).is_dir()):
         _prep_examples(input, out_url, tokenizer, seq_len=seq_len, fmt=fmt, pack=pack is not False,
-                       loss_on=loss_on, truncation=truncation, text_field=text_field, val_fraction=val_fraction,
-                       workers=workers, compression=compression, size_limit=size_limit, overwrite=overwrite,
-                       as_json=as_json)
+                       loss_on=loss_on, truncation=truncation, text_field=text_field, on_bad_row=on_bad_row,
+                       max_record_bytes=max_record_bytes, val_fraction=val_fraction, workers=workers,
+                       compression=compression, size_limit=size_limit, overwrite=overwrite, as_json=as_json)
         return
 
     try:
@@ -128,19 +135,26 @@ EXAMPLE_FORMATS = ("chat", "instruction", "auto")
 
 
 def _prep_examples(input: str, out_url: str, tokenizer: str, *, fmt: str | None, pack: bool, as_json: bool,
-                   overwrite: bool, **options: Any) -> None:
+                   overwrite: bool, seq_len: int, val_fraction: float, workers: int, compression: str | None,
+                   size_limit: str, **options: Any) -> None:
     """`prep` of fine-tuning examples (tessera.llm.finetune.prep)."""
     from tessera.llm.finetune.loader import describe
-    from tessera.llm.finetune.prep import prep_examples
+    from tessera.llm.finetune.prep import example_options, prep_examples
 
     if fmt == "lines":
         fail(ValueError("--format lines is a corpus format; fine-tuning examples are chat, instruction, text "
-                        "or auto records (JSONL, Parquet)"))
+                        "or auto records (JSONL, Parquet)"), code=2)
     kind = fmt if fmt in (*EXAMPLE_FORMATS, "text") else "auto"
     try:
+        opts = example_options(format=kind, pack=pack, **options)
+    except ValueError as exc:
+        fail(exc, code=2)
+    try:
         with err.status(f"encoding {kind} examples from {input}") if not as_json else contextlib.nullcontext():
-            summary = prep_examples(input, out_url, tokenizer, fmt=kind, pack=pack,
-                                    mode="overwrite" if overwrite else "create", **options)
+            summary = prep_examples(input, out_url, tokenizer, seq_len=seq_len, val_fraction=val_fraction,
+                                    workers=workers, compression=compression, size_limit=size_limit,
+                                    mode="overwrite" if overwrite else "create", fmt=opts.format,
+                                    **opts.model_dump(exclude={"format"}))
     except DatasetExists as exc:
         fail(exc.for_overwrite_only())
     except ERRORS as exc:
@@ -152,21 +166,23 @@ def _prep_examples(input: str, out_url: str, tokenizer: str, *, fmt: str | None,
     err.print(f"{describe(summary.to_dict())} in {summary.seconds:.1f}s -> {', '.join(splits)}")
 
 
-def _load(path: str, tokenizer: str | None) -> tuple[Any, Any]:
+def _load(path: str, tokenizer: str | None, *, generation: bool = False) -> tuple[Any, Any]:
+    """The model at `path` (a transformers folder, a Tessera export or checkpoint: load_checkpoint_model,
+    through resolve_model_source, tells them apart) and its tokenizer, or `tokenizer` if given."""
     from tessera.llm.hf.export import load_checkpoint_model
     from tessera.llm.tokenizer import load_tokenizer
 
     model, tok = load_checkpoint_model(path)
-    if not hasattr(model, "cfg"):
-        raise ValueError(f"{path}: a fine-tuned Hugging Face model; export it (tessera llm export {path} OUT "
-                         "--format hf) and use transformers for generation")
+    if generation and not hasattr(model, "cfg"):
+        raise ValueError(f"{path}: a Hugging Face model; generation here needs a Tessera GPT (use transformers' "
+                         "generate, after tessera llm export --format hf for a checkpoint)")
     if tokenizer:
         tok = load_tokenizer(tokenizer)
     if tok is None:
         raise ValueError(f"{path}: no tokenizer saved with the model; pass --tokenizer")
-    if tok.vocab_size > model.cfg.vocab_size:
+    if hasattr(model, "cfg") and tok.vocab_size > model.cfg.vocab_size:
         raise ValueError(f"the tokenizer has {tok.vocab_size} tokens but the model only {model.cfg.vocab_size}")
-    return model, tok
+    return model.eval(), tok
 
 
 @app.command()
@@ -187,7 +203,7 @@ def generate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
     from tessera.llm.generate import generate as run_generate
 
     try:
-        model, tok = _load(path, tokenizer)
+        model, tok = _load(path, tokenizer, generation=True)
         ids = tok.encode(prompt) or [tok.eos_id]
         new: list[int] = []
         shown = [0]
@@ -227,7 +243,8 @@ def evaluate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
              icl_tasks: str = typer.Option(None, "--icl-tasks", help="A YAML file with LLM Foundry's icl_tasks "
                                            "(and optionally icl_subset_num_batches, eval_gauntlet), e.g. a "
                                            "recipe: every task type, scored on every rank under `tessera launch`."),
-             hf: bool = typer.Option(False, "--hf", help="CHECKPOINT_OR_EXPORT is a transformers model folder."),
+             hf: bool = typer.Option(False, "--hf", hidden=True, help="Accepted for old scripts: a transformers "
+                                     "folder is recognised by its config.json."),
              num_fewshot: int = typer.Option(0),
              reduction: str = typer.Option("mean", help="Score choices by mean or sum log-likelihood."),
              tokenizer: str = typer.Option(None, help="Tokenizer JSON or 'byte' (default: the model's)."),
@@ -241,10 +258,7 @@ def evaluate(path: str = typer.Argument(..., metavar="CHECKPOINT_OR_EXPORT"),
     results: dict[str, Any] = {}
     try:
         section = _icl_section(icl_tasks) if icl_tasks else None
-        if hf:
-            model, tok = _load_hf(path, tokenizer)
-        else:
-            model, tok = _load(path, tokenizer) if task or icl_tasks else (_load_model_only(path), None)
+        model, tok = _load(path, tokenizer) if task or icl_tasks else (_load_model_only(path), None)
         if data:
             ppl = perplexity(model, mds_batches(data, split, batch_size, max_batches))
             results["perplexity"] = ppl.__dict__
@@ -305,20 +319,10 @@ def _run_icl(section: Any, model: Any, tok: Any) -> dict[str, float]:
                         subset_num_batches=section.icl_subset_num_batches, gauntlet=section.eval_gauntlet)
 
 
-def _load_hf(folder: str, tokenizer: str | None) -> tuple[Any, Any]:
-    """A transformers model folder (never a hub download) behind Tessera's model interface."""
-    from tessera.llm.hf.adapter import HFCausalLM
-    from tessera.llm.hf.load import load_hf_model, load_hf_tokenizer
-    from tessera.llm.tokenizer import load_tokenizer
-
-    model = HFCausalLM(load_hf_model(folder)).eval()
-    return model, load_tokenizer(tokenizer) if tokenizer else load_hf_tokenizer(folder)
-
-
 def _load_model_only(path: str) -> Any:
     from tessera.llm.hf.export import load_checkpoint_model
 
-    return load_checkpoint_model(path)[0]
+    return load_checkpoint_model(path)[0].eval()
 
 
 @app.command()

@@ -165,6 +165,10 @@ def _read_jsonl(chunk: Chunk) -> Located:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SourceError(f"{locate(chunk, i)}: bad JSON: {exc.msg} (column {exc.colno})") from None
+        except UnicodeDecodeError as exc:
+            raise SourceError(f"{locate(chunk, i)}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        except RecursionError:
+            raise SourceError(f"{locate(chunk, i)}: JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise SourceError(f"{locate(chunk, i)}: each JSONL line must be an object, got {type(obj).__name__}")
         yield i, obj

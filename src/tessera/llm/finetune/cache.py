@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from tessera.llm.finetune.chat import ExampleTokenizer, load_example_tokenizer
-from tessera.llm.finetune.prep import prep_examples, read_summary
+from tessera.llm.finetune.prep import example_options, prep_examples, read_summary
 from tessera.shards.inputs import is_url, list_input
 from tessera.storage import open_store
 from tessera.storage.url import split_url
 from tessera.stream.cache import flocked
 
-CACHE_VERSION = 1  # bump when the rows written for the same input and options change
+CACHE_VERSION = 2  # bump when the rows written for the same input and options change
 READ_BLOCK = 4 << 20
 
 
@@ -59,24 +59,28 @@ def cache_key(path: str, tokenizer: ExampleTokenizer, options: dict[str, Any]) -
     return h.hexdigest()[:24]
 
 
-def prepared(path: str, tokenizer: Any, *, seq_len: int, fmt: str = "auto", loss_on: str = "all_assistant",
-             truncation: str = "prompt_first", pack: bool = True, text_field: str = "text",
-             cache_root: str | os.PathLike[str] | None = None) -> tuple[Path, dict[str, Any]]:
-    """(the cache folder holding `train/` of the prepared examples, its prep summary); prepares on a miss."""
+def prepared(path: str, tokenizer: Any, *, seq_len: int, cache_root: str | os.PathLike[str] | None = None,
+             **options: Any) -> tuple[Path, dict[str, Any]]:
+    """(the cache folder holding `train/` of the prepared examples, its prep summary); prepares on a miss.
+    `options`: `ExampleOptions`' fields (format, loss_on, truncation, pack, text_field, on_bad_row...)."""
     tok = load_example_tokenizer(tokenizer)
-    options = dict(seq_len=seq_len, format=fmt, loss_on=loss_on, truncation=truncation, pack=pack,
-                   text_field=text_field)
+    opts = example_options(**options)
+    keyed = dict(seq_len=seq_len, **opts.model_dump())
     root = Path(cache_root) if cache_root else default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = cache_key(path, tok, options)
+    key = cache_key(path, tok, keyed)
     folder = root / key
     with flocked(root / f"{key}.lock", fcntl.LOCK_EX):
         if not folder.is_dir():
             for stale in root.glob(f"{key}.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = root / f"{key}.tmp-{os.getpid()}"
-            prep_examples(path, tmp, tok, seq_len=seq_len, fmt=fmt, loss_on=loss_on, truncation=truncation,
-                          pack=pack, text_field=text_field)
-            (tmp / "source.json").write_text(json.dumps({"path": path, **options}, indent=1))
+            try:
+                prep_examples(path, tmp, tok, seq_len=seq_len, fmt=opts.format,
+                              **opts.model_dump(exclude={"format"}))
+            except BaseException:  # a refused row: no half-prepared folder left behind
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            (tmp / "source.json").write_text(json.dumps({"path": path, **keyed}, indent=1))
             os.replace(tmp, folder)
     return folder, read_summary(folder) or {}

@@ -6,6 +6,7 @@
         format: auto                # chat | instruction | text | auto (read off each record's keys)
         loss_on: all_assistant      # | last_assistant | all
         pack: true                  # several examples per row, attention kept inside each
+        on_bad_row: error           # | skip (count bad rows; a run with nothing left still fails)
         shuffle: true
 
 The file is prepared once into a local MDS cache (`cache.py`) and streamed like `streams` are, with
@@ -16,18 +17,21 @@ documented here, in one place.
 
 from __future__ import annotations
 
-from typing import Any, get_args
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from tessera.llm.finetune.examples import Format, LossOn, Truncation
+from tessera.llm.finetune.reader import DEFAULT_MAX_RECORD_BYTES
+from tessera.shards.sizes import parse_size
+
+OnBadRow = Literal["error", "skip"]
 
 
-class ExampleSource(BaseModel):
-    """Fine-tuning examples to prepare and stream (instead of `streams` of prepared MDS)."""
+class ExampleOptions(BaseModel):
+    """How records become rows: the options of `tessera llm prep --format ...` and of a recipe's `path`,
+    checked here and nowhere else."""
 
-    path: str | None = Field(None, description="Fine-tuning examples: a JSONL or Parquet file or folder, local "
-                                               "or s3://...; prepared once into prep_cache (excludes streams).")
     format: Format = Field("auto", description="Record form: chat (messages), instruction (prompt, response), "
                                                "text, or auto (read off each record's keys).")
     loss_on: LossOn = Field("all_assistant", description="Tokens that carry loss: every assistant reply "
@@ -37,8 +41,30 @@ class ExampleSource(BaseModel):
     pack: bool = Field(True, description="Pack several examples per row (attention kept inside each); "
                                          "false: one example per row, padded.")
     text_field: str = Field("text", description="The field of text records.")
+    on_bad_row: OnBadRow = Field("error", description="A row that is not a valid record (bad JSON, not UTF-8, "
+                                                      "null content...): error (stop, naming file and line) or "
+                                                      "skip (count it; nothing left is still an error).")
+    max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=1,
+                                  description="A record (JSONL line) longer than this is a bad row, never read "
+                                              "whole (bytes, or '64mb').")
+
+    @field_validator("max_record_bytes", mode="before")
+    @classmethod
+    def _size(cls, value: Any) -> Any:
+        return parse_size(value) if isinstance(value, str) else value
+
+
+class ExampleSource(ExampleOptions):
+    """Fine-tuning examples to prepare and stream (instead of `streams` of prepared MDS)."""
+
+    path: str | None = Field(None, description="Fine-tuning examples: a JSONL (.jsonl, .jsonl.gz) or Parquet file "
+                                               "or folder, local or s3://...; prepared once into prep_cache "
+                                               "(excludes streams).")
     prep_cache: str | None = Field(None, description="Local folder of prepared examples; None: "
                                                      "$XDG_CACHE_HOME/tessera/finetune (~/.cache/...).")
+
+    def example_options(self) -> ExampleOptions:
+        return ExampleOptions(**self.model_dump(include=set(ExampleOptions.model_fields)))
 
     @model_validator(mode="after")
     def _path_or_streams(self) -> Any:
@@ -50,12 +76,3 @@ class ExampleSource(BaseModel):
             raise ValueError("streams: set the datasets to stream (streams: [{remote: ...}]) or, for "
                              "fine-tuning examples, path: FILE.jsonl")
         return self
-
-
-def check_options(*, fmt: str, loss_on: str, truncation: str) -> None:
-    """ValueError naming the option when a value is not one of its choices (for callers without pydantic)."""
-    for name, value, kind in (("format", fmt, Format), ("loss_on", loss_on, LossOn),
-                              ("truncation", truncation, Truncation)):
-        choices = get_args(kind)
-        if value not in choices:
-            raise ValueError(f"{name} must be one of {', '.join(choices)}; got {value!r}")

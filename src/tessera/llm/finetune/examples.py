@@ -24,6 +24,12 @@ Examples longer than the context (`truncation`): `prompt_first` (default) drops 
 of the example (the oldest context: the prompt, earlier turns) but not into its last loss-carrying
 segment; if that segment still does not fit, its end is cut. `drop` leaves the example out. Either way
 the prep summary counts them, and an example left without any target token is dropped and counted.
+
+A text far longer than the context is cut before it is tokenized (`bounded`), so a record of megabytes
+costs tokenizer memory for the context's worth, not for the whole: each text keeps the end the
+truncation keeps (a prompt or earlier turn its end, the last reply and what follows it their start), as
+many characters as give the context plus a margin of tokens, so the tokens that end up in the row are
+the ones the whole text gives.
 """
 
 from __future__ import annotations
@@ -34,15 +40,14 @@ from typing import Any, Literal
 import numpy as np
 
 from tessera.llm.finetune.chat import ExampleTokenizer
+from tessera.llm.finetune.rows import ExampleError, InstructionRow, Row, TextRow, parse_row
 
 Format = Literal["auto", "chat", "instruction", "text"]
 LossOn = Literal["all_assistant", "last_assistant", "all"]
 Truncation = Literal["prompt_first", "drop"]
 FORMATS: tuple[str, ...] = ("auto", "chat", "instruction", "text")
-
-
-class ExampleError(ValueError):
-    """A record is not an example of the expected form; the message names the record and the fix."""
+CUT_MARGIN = 64  # tokens kept beyond the row where a long text is cut: those next to the cut may differ
+CHARS_PER_TOKEN = 8  # a first guess at the characters that give a token, when a long text is cut
 
 
 @dataclass
@@ -54,54 +59,13 @@ class Encoded:
     truncated: bool = False
 
 
-def record_format(record: dict[str, Any], fmt: str, text_field: str, where: str) -> str:
-    """The form of `record`: `fmt` itself, checked, or the one its keys say when `fmt` is auto."""
-    if fmt == "auto":
-        if "messages" in record:
-            return "chat"
-        if "prompt" in record and "response" in record:
-            return "instruction"
-        if text_field in record:
-            return "text"
-        raise ExampleError(f"{where}: a record with fields {sorted(record)} is none of chat ('messages'), "
-                           f"instruction ('prompt' and 'response') or text ({text_field!r})")
-    needed = {"chat": ["messages"], "instruction": ["prompt", "response"], "text": [text_field]}[fmt]
-    missing = [k for k in needed if k not in record]
-    if missing:
-        raise ExampleError(f"{where}: a {fmt} record needs field(s) {missing}; this one has {sorted(record)} "
-                           "(choose the format with --format / data.*.format, or auto)")
-    return fmt
-
-
-def _text(value: Any, what: str, where: str) -> str:
-    if not isinstance(value, str):
-        raise ExampleError(f"{where}: {what} holds {type(value).__name__}, not text")
-    return value
-
-
-def _messages(value: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(value, list | tuple) or not value:
-        raise ExampleError(f"{where}: 'messages' must be a non-empty list of {{role, content}} objects")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise ExampleError(f"{where}: messages[{i}] must be an object with a 'role' and a 'content'")
-        if m["content"] is not None:  # None: a tool-call turn, whose template writes the call
-            _text(m["content"], f"messages[{i}].content", where)
-        out.append(dict(m))
-    return out
-
-
-def _segments(record: dict[str, Any], fmt: str, tok: ExampleTokenizer, loss_on: str, text_field: str,
-              where: str) -> tuple[list[tuple[list[int], bool]], bool]:
-    """(token runs with their loss flag, whether the last run is a reply) of one record."""
-    if fmt == "text":
-        return [(tok.encode(_text(record[text_field], repr(text_field), where)), True)], True
-    if fmt == "instruction":
-        prompt = tok.encode(_text(record["prompt"], "'prompt'", where))
-        response = tok.encode(_text(record["response"], "'response'", where))
-        return [(prompt, loss_on == "all"), (response, True)], True
-    messages = _messages(record["messages"], where)
+def _segments(row: Row, tok: ExampleTokenizer, loss_on: str) -> tuple[list[tuple[list[int], bool]], bool]:
+    """(token runs with their loss flag, whether the last run is a reply) of one row."""
+    if isinstance(row, TextRow):
+        return [(tok.encode(row.text), True)], True
+    if isinstance(row, InstructionRow):
+        return [(tok.encode(row.prompt), loss_on == "all"), (tok.encode(row.response), True)], True
+    messages = [m.for_template() for m in row.messages]
     replies = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     wanted = set(replies[-1:] if loss_on == "last_assistant" else replies)
     segments = tok.segments(messages)
@@ -130,13 +94,19 @@ def _mask_runs(ids: list[int], mask: list[int]) -> list[tuple[list[int], bool]]:
     return runs
 
 
-def encode_record(record: dict[str, Any], fmt: str, tok: ExampleTokenizer, *, loss_on: str = "all_assistant",
+def encode_record(record: Any, fmt: str, tok: ExampleTokenizer, *, loss_on: str = "all_assistant",
                   text_field: str = "text", where: str = "record") -> Encoded:
-    """Token ids and loss mask of one record (module docstring), EOS appended, token 0 never a target."""
-    if not isinstance(record, dict):
-        raise ExampleError(f"{where}: a record must be an object, got {type(record).__name__}")
-    kind = record_format(record, fmt, text_field, where)
-    runs, ends_with_reply = _segments(record, kind, tok, loss_on, text_field, where)
+    """Token ids and loss mask of one record (checked by `rows.parse_row`; ExampleError names `where`)."""
+    try:
+        row = parse_row(record, fmt, text_field)
+    except ExampleError as exc:
+        raise ExampleError(f"{where}: {exc}") from None
+    return encode_row(row, tok, loss_on)
+
+
+def encode_row(row: Row, tok: ExampleTokenizer, loss_on: str = "all_assistant") -> Encoded:
+    """Token ids and loss mask of one row (module docstring), EOS appended, token 0 never a target."""
+    runs, ends_with_reply = _segments(row, tok, loss_on)
     runs = [r for r in runs if r[0]]
     eos_loss = runs[-1][1] if runs and ends_with_reply else loss_on == "all"
     if not runs or runs[-1][0][-1] != tok.eos_id:
@@ -145,6 +115,35 @@ def encode_record(record: dict[str, Any], fmt: str, tok: ExampleTokenizer, *, lo
     loss = np.concatenate([np.full(len(ids), flag, dtype=bool) for ids, flag in runs])
     loss[0] = False
     return Encoded(tokens, loss)
+
+
+def bounded(row: Row, tok: ExampleTokenizer, seq_len: int, loss_on: str) -> Row:
+    """`row` with every text far longer than `seq_len` tokens cut to the end the truncation keeps (module
+    docstring); the row itself when none is."""
+    need = seq_len + CUT_MARGIN
+    if isinstance(row, TextRow):
+        return row.model_copy(update={"text": _cut(row.text, tok, need, keep_end=False)})
+    if isinstance(row, InstructionRow):
+        prompt = _cut(row.prompt, tok, need, keep_end=loss_on != "all")
+        return row.model_copy(update={"prompt": prompt, "response": _cut(row.response, tok, need, keep_end=False)})
+    # the window ends in the last reply: what comes before it keeps its end; with loss on all, the start
+    replies = [i for i, m in enumerate(row.messages) if m.role == "assistant"]
+    last = replies[-1] if replies and loss_on != "all" else 0
+    messages = [m if m.content is None else m.model_copy(update={"content": _cut(m.content, tok, need, i < last)})
+                for i, m in enumerate(row.messages)]
+    return row.model_copy(update={"messages": messages})
+
+
+def _cut(text: str, tok: ExampleTokenizer, need: int, keep_end: bool) -> str:
+    """`text`, or its last (`keep_end`) or first characters that give at least `need` tokens: tried with
+    CHARS_PER_TOKEN characters a token, then four times more while they give fewer."""
+    size = need * CHARS_PER_TOKEN
+    while size < len(text):
+        piece = text[-size:] if keep_end else text[:size]
+        if len(tok.encode(piece)) >= need:
+            return piece
+        size *= 4
+    return text
 
 
 def fit(example: Encoded, seq_len: int, truncation: str) -> Encoded | None:
@@ -167,3 +166,6 @@ def fit(example: Encoded, seq_len: int, truncation: str) -> Encoded | None:
     tokens, loss = example.tokens[start:start + seq_len], loss[start:start + seq_len].copy()
     loss[0] = False
     return Encoded(tokens, loss, truncated=True)
+
+
+__all__ = ["FORMATS", "Encoded", "ExampleError", "bounded", "encode_record", "encode_row", "fit"]

@@ -28,13 +28,15 @@ def example_loader(spec: Any, batch_size: int, seq_len: int, tokenizer: Any,
                    section: str = "data.train") -> StreamingDataLoader:
     """The loader of a recipe section with `path` (an `ExampleSource` that is also a `StreamingConfig`)."""
     try:
-        folder, summary = prepared(spec.path, tokenizer, seq_len=seq_len, fmt=spec.format, loss_on=spec.loss_on,
-                                   truncation=spec.truncation, pack=spec.pack, text_field=spec.text_field,
-                                   cache_root=spec.prep_cache)
+        folder, summary = prepared(spec.path, tokenizer, seq_len=seq_len, cache_root=spec.prep_cache,
+                                   **spec.example_options().model_dump())
     except (ExampleError, ChatTemplateError, TokenizerError, InputNotFound) as exc:  # name the recipe key
         raise type(exc)(f"{section}.path: {exc}") from None
-    if resolve_world().rank == 0:
+    world = resolve_world()
+    if world.rank == 0:
         sys.stderr.write(f"{section}: {describe(summary)} ({folder})\n")
+    if section == "data.train":  # evaluation may end on a short batch
+        _one_batch_at_least(summary, batch_size * world.world_size, spec.path, section)
     collate = ExampleBatch(packed=spec.pack)
     ds = StreamingDataset(streams=[Stream(local=str(folder), split="train")], batch_size=batch_size,
                           columns=collate.columns, **spec.dataset_options())
@@ -42,6 +44,18 @@ def example_loader(spec: Any, batch_size: int, seq_len: int, tokenizer: Any,
                                  collate_fn=collate)
     loader.prep_summary = summary  # type: ignore[attr-defined]  # for the trainer's logs and run config
     return loader
+
+
+def _one_batch_at_least(summary: dict[str, Any], needed: int, path: str, section: str) -> None:
+    """ExampleError when the prepared rows do not fill one batch over all ranks: each rank's loader would
+    yield a short batch, which the trainer refuses without saying why."""
+    rows = summary.get("rows", {}).get("train", needed)
+    if rows >= needed:
+        return
+    kind = "packed" if summary.get("pack", True) else "padded"
+    raise ExampleError(f"{section}.path: {path}: {summary.get('examples', 0):,} examples make {rows:,} {kind} "
+                       f"rows of {summary.get('seq_len')} tokens, fewer than one batch of {needed:,} rows "
+                       "(global_train_batch_size); add examples or lower the batch size")
 
 
 def streamed_summary(spec: Any, section: str = "data.train") -> dict[str, Any]:
@@ -92,4 +106,9 @@ def describe(summary: dict[str, Any]) -> str:
             f"{'packed' if summary['pack'] else 'padded'} rows of {summary['seq_len']}, "
             f"{summary['padding_share']:.1%} padding, {summary['loss_tokens']:,} loss tokens; "
             f"{summary['truncated']:,} truncated, {dropped:,} dropped ({summary['dropped_too_long']:,} too long, "
-            f"{summary['dropped_no_loss']:,} without a reply to learn)")
+            f"{summary['dropped_no_loss']:,} without a reply to learn)" + _skipped(summary))
+
+
+def _skipped(summary: dict[str, Any]) -> str:
+    bad = summary.get("bad_rows", 0)
+    return f"; {bad:,} bad rows skipped (the first: {summary['first_bad_row']})" if bad else ""

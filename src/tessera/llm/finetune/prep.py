@@ -5,11 +5,20 @@
 gives `OUT/train/` (and `OUT/val/` when `val_fraction` > 0), MDS datasets whose columns are listed in
 `packing.py`, and `OUT/finetune-prep.json`, the summary (counts, padding share) the trainer logs.
 
+One pass, each step in one place:
+  read (`reader.py`: lines in bounded memory, JSON) -> validate (`rows.py`: the typed row of its form)
+  -> encode (`examples.py`: tokens, loss mask, truncation) -> pack (`packing.py`) -> write (MDS).
+The options are checked once, by `config.ExampleOptions`.
+
+A row that is not a valid record is refused with one line, "FILE, line N: what is wrong"
+(`ExampleError`), before any row is written for good (the writer aborts); with `on_bad_row="skip"` it is
+left out and counted (`bad_rows`, and the first one's message in `first_bad_row`). Either way a prep
+that keeps no example fails: there is nothing to train on.
+
 As in pre-training prep (`tessera.llm.prep`), and for the same reason, the output does not depend on
-`workers`: the input is split into chunks that depend only on the input (JSONL byte ranges, Parquet
-row groups, groups of text files; local or in a bucket), workers encode whole chunks (`examples.py`:
-tokens, loss mask, truncation), and the main process takes chunks strictly in input order, numbers the
-records globally, sends each to val or train by a hash of its number, and builds rows (`packing.py`).
+`workers`: the input is split into chunks that depend only on the input, workers read, validate and
+encode whole chunks, and the main process takes chunks strictly in input order, numbers the records
+globally, sends each to val or train by a hash of its number, and builds rows.
 """
 
 from __future__ import annotations
@@ -23,17 +32,20 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 
-from tessera.llm.corpus import plan_corpus, read_documents
-from tessera.llm.finetune.chat import ExampleTokenizer, load_example_tokenizer
-from tessera.llm.finetune.examples import FORMATS, ExampleError, encode_record, fit
+from tessera.llm.finetune.chat import ChatTemplateError, ExampleTokenizer, load_example_tokenizer
+from tessera.llm.finetune.config import ExampleOptions
+from tessera.llm.finetune.examples import FORMATS, bounded, encode_row, fit
 from tessera.llm.finetune.packing import RowBuilder, pack_columns, pad_columns
+from tessera.llm.finetune.reader import BadRecord, ChunkRecords, Places, plan_examples
+from tessera.llm.finetune.rows import ExampleError, parse_row
 from tessera.llm.prep import SPLITS, check_prep_options, is_validation, map_in_order, token_dtype
 from tessera.shards.dataset import open_dataset_store
-from tessera.shards.inputs import is_url
-from tessera.shards.sources import Chunk, SourceError, detect_format, locate, plan_chunks, read_chunk_located
+from tessera.shards.sources import Chunk
 from tessera.shards.writer import ShardWriter
 from tessera.storage import open_store
+from tessera.typed_config import error_lines
 
 SUMMARY_NAME = "finetune-prep.json"
 ExampleProgress = Callable[["ExamplePrepSummary", int, int], None]
@@ -50,8 +62,11 @@ class ExamplePrepSummary:
     truncation: str
     pack: bool
     workers: int
-    records: int = 0
+    on_bad_row: str = "error"
+    records: int = 0  # rows read, bad ones included
     examples: int = 0  # records kept
+    bad_rows: int = 0  # skipped as not valid records (on_bad_row="skip")
+    first_bad_row: str = ""  # "FILE, line N: what is wrong" of the first one
     truncated: int = 0
     dropped_too_long: int = 0
     dropped_no_loss: int = 0  # nothing left to learn (no assistant reply, or truncated away)
@@ -71,58 +86,23 @@ class ExamplePrepSummary:
         return {**asdict(self), "padding_share": self.padding_share}
 
 
-@dataclass(frozen=True)
-class EncodeOptions:
-    fmt: str
-    loss_on: str
-    truncation: str
-    text_field: str
-    seq_len: int
-
-
 @dataclass
 class ChunkExamples:
     """The encoded examples of one chunk: tokens and loss mask concatenated, one length per record (0 for
-    a dropped record), and the counts of what happened to them."""
+    a dropped or bad one), the bad records (position in the chunk, what is wrong), the lines the chunk
+    covered, and the counts of what happened to the examples."""
 
     tokens: np.ndarray
     loss: np.ndarray
     lengths: np.ndarray
+    bad: list[tuple[int, str]] = field(default_factory=list)
+    covered: int = 0
     truncated: int = 0
     too_long: int = 0
     no_loss: int = 0
 
 
-def plan_examples(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[Chunk]:
-    """Chunks of every input, in order: JSONL or Parquet files (or folders of them, local or in a bucket),
-    or text files (one example each)."""
-    items = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs)
-    chunks: list[Chunk] = []
-    for item in items:
-        path = os.fspath(item)
-        kind = detect_format(path)
-        if kind in ("jsonl", "parquet"):
-            chunks += plan_chunks(path, kind)
-        elif kind == "text" and not is_url(path):
-            chunks += plan_corpus(path, "text")
-        else:
-            raise SourceError(f"{path}: fine-tuning examples are read from JSONL or Parquet (or local text "
-                              f"files), not {kind}")
-    if not chunks:
-        raise SourceError(f"{', '.join(map(os.fspath, items))}: no input files")
-    return chunks
-
-
-def _records(chunk: Chunk) -> Iterator[tuple[str, dict[str, Any]]]:
-    if chunk.kind == "text":
-        for i, doc in enumerate(read_documents(chunk).documents):
-            yield f"{chunk.path}, file {i + 1} of its chunk", {"text": doc}
-        return
-    for position, record in read_chunk_located(chunk):
-        yield locate(chunk, position), record
-
-
-# --- worker side ---------------------------------------------------------------------------------------
+# --- worker side: read, validate, encode ---------------------------------------------------------------
 
 _worker_tokenizer: ExampleTokenizer | None = None
 
@@ -132,18 +112,26 @@ def _init_worker(tokenizer: Any) -> None:
     _worker_tokenizer = load_example_tokenizer(tokenizer)
 
 
-def encode_chunk(chunk: Chunk, opts: EncodeOptions) -> ChunkExamples:
+def encode_chunk(chunk: Chunk, opts: ExampleOptions, seq_len: int) -> ChunkExamples:
+    """Every record of the chunk read, validated and encoded; with on_bad_row="error" it stops at the
+    first bad one, which the main process reports."""
     tok = _worker_tokenizer
     assert tok is not None, "call _init_worker first"
-    tokens, losses, lengths = [], [], []
     out = ChunkExamples(np.zeros(0, np.uint32), np.zeros(0, bool), np.zeros(0, np.int64))
-    for where, record in _records(chunk):
+    tokens, losses, lengths = [], [], []
+    records = ChunkRecords(chunk, opts.max_record_bytes)
+    for position, record in records:
         try:
-            encoded = encode_record(record, opts.fmt, tok, loss_on=opts.loss_on, text_field=opts.text_field,
-                                    where=where)
-        except (ExampleError, ValueError) as exc:
-            raise ExampleError(str(exc) if where in str(exc) else f"{where}: {exc}") from None
-        kept = fit(encoded, opts.seq_len, opts.truncation)
+            if isinstance(record, BadRecord):
+                raise ExampleError(record.reason)
+            row = bounded(parse_row(record, opts.format, opts.text_field), tok, seq_len, opts.loss_on)
+            kept = fit(encode_row(row, tok, opts.loss_on), seq_len, opts.truncation)
+        except (ExampleError, ChatTemplateError) as exc:
+            out.bad.append((position, str(exc)))
+            lengths.append(0)
+            if opts.on_bad_row == "error":
+                break
+            continue
         if kept is None:
             out.too_long += 1
         elif not kept.loss.any():
@@ -151,65 +139,75 @@ def encode_chunk(chunk: Chunk, opts: EncodeOptions) -> ChunkExamples:
             kept = None
         elif kept.truncated:
             out.truncated += 1
-        if kept is None:
-            lengths.append(0)
-            continue
-        tokens.append(kept.tokens.astype(np.uint32))
-        losses.append(kept.loss)
-        lengths.append(len(kept.tokens))
+        lengths.append(0 if kept is None else len(kept.tokens))
+        if kept is not None:
+            tokens.append(kept.tokens.astype(np.uint32))
+            losses.append(kept.loss)
     if tokens:
         out.tokens, out.loss = np.concatenate(tokens), np.concatenate(losses)
     out.lengths = np.asarray(lengths, dtype=np.int64)
+    out.covered = records.covered
     return out
 
 
-def _encode_task(args: tuple[Chunk, EncodeOptions]) -> ChunkExamples:
+def _encode_task(args: tuple[Chunk, ExampleOptions, int]) -> ChunkExamples:
     return encode_chunk(*args)
 
 
-def _encoded_chunks(chunks: list[Chunk], opts: EncodeOptions, tokenizer: Any,
+def _encoded_chunks(chunks: list[Chunk], opts: ExampleOptions, seq_len: int, tokenizer: Any,
                     workers: int) -> Iterator[ChunkExamples]:
     """Each chunk's examples, in chunk order, whatever the number of processes."""
-    return map_in_order(_encode_task, [(c, opts) for c in chunks], _init_worker, tokenizer, workers)
+    return map_in_order(_encode_task, [(c, opts, seq_len) for c in chunks], _init_worker, tokenizer, workers)
 
 
-# --- main side -----------------------------------------------------------------------------------------
+# --- main side: number, split, pack, write -------------------------------------------------------------
+
+
+def example_options(**options: Any) -> ExampleOptions:
+    """The options, checked: ValueError with one line naming the first wrong one."""
+    try:
+        return ExampleOptions(**options)
+    except ValidationError as exc:
+        raise ValueError("; ".join(error_lines(exc))) from None
 
 
 def prep_examples(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
-                  tokenizer: Any, *, seq_len: int = 2048, fmt: str = "auto", loss_on: str = "all_assistant",
-                  truncation: str = "prompt_first", pack: bool = True, text_field: str = "text",
-                  val_fraction: float = 0.0, workers: int = 1, compression: str | None = None,
-                  size_limit: str | int = "64mb", mode: str = "create",
-                  progress: ExampleProgress | None = None) -> ExamplePrepSummary:
+                  tokenizer: Any, *, seq_len: int = 2048, fmt: str = "auto", val_fraction: float = 0.0,
+                  workers: int = 1, compression: str | None = None, size_limit: str | int = "64mb",
+                  mode: str = "create", progress: ExampleProgress | None = None,
+                  **options: Any) -> ExamplePrepSummary:
     """Encode fine-tuning examples and write them as MDS rows of `seq_len` (module docstring).
 
     `tokenizer`: "byte", a tokenizer JSON, a local transformers tokenizer folder, or a tokenizer object.
+    `options`: `ExampleOptions`' fields (loss_on, truncation, pack, text_field, on_bad_row, max_record_bytes).
     """
-    from tessera.llm.finetune.config import check_options
-
-    check_options(fmt=fmt, loss_on=loss_on, truncation=truncation)
+    opts = example_options(format=fmt, **options)
     check_prep_options(seq_len, val_fraction, mode)
     tok = load_example_tokenizer(tokenizer)  # fail here, not in a worker, when it is bad
     spec = tokenizer if isinstance(tokenizer, str | os.PathLike) else tok.inner
     chunks = plan_examples(input)
     dtype = token_dtype(tok.vocab_size)
     summary = ExamplePrepSummary(out=str(out), tokenizer=tok.name, vocab_size=tok.vocab_size, seq_len=seq_len,
-                                 format=fmt, loss_on=loss_on, truncation=truncation, pack=pack, workers=workers)
-    columns = (pack_columns if pack else pad_columns)(seq_len, dtype)
-    options = dict(compression=compression, size_limit=size_limit, mode=mode)
+                                 format=opts.format, loss_on=opts.loss_on, truncation=opts.truncation,
+                                 pack=opts.pack, workers=workers, on_bad_row=opts.on_bad_row)
+    columns = (pack_columns if opts.pack else pad_columns)(seq_len, dtype)
     splits = [s for s in SPLITS if s == "train" or val_fraction > 0]
-    opts = EncodeOptions(fmt, loss_on, truncation, text_field, seq_len)
+    places = Places()
     t0 = time.perf_counter()
     with ExitStack() as stack:
-        writers = {s: stack.enter_context(ShardWriter(open_dataset_store(out, s), columns, **options))
-                   for s in splits}
-        builders = {s: RowBuilder(seq_len, tok.eos_id, dtype, pack=pack) for s in splits}
-        for done, part in enumerate(_encoded_chunks(chunks, opts, spec, workers), 1):
+        writers = {s: stack.enter_context(ShardWriter(open_dataset_store(out, s), columns, compression=compression,
+                                                      size_limit=size_limit, mode=mode)) for s in splits}
+        builders = {s: RowBuilder(seq_len, tok.eos_id, dtype, pack=opts.pack) for s in splits}
+        for done, (chunk, part) in enumerate(zip(chunks, _encoded_chunks(chunks, opts, seq_len, spec, workers),
+                                                 strict=True), 1):
+            places.enter(chunk)
+            _bad_rows(part, places, summary)
+            places.leave(part.covered)
             _add_chunk(part, summary, builders, writers, val_fraction)
             summary.seconds = time.perf_counter() - t0
             if progress:
                 progress(summary, done, len(chunks))
+        _nothing_left(summary, input)
         for split, builder in builders.items():
             for row in builder.finish():
                 writers[split].write(row.columns)
@@ -217,6 +215,29 @@ def prep_examples(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     summary.seconds = time.perf_counter() - t0
     open_store(out).put(SUMMARY_NAME, json.dumps(summary.to_dict(), indent=1).encode())
     return summary
+
+
+def _bad_rows(part: ChunkExamples, places: Places, summary: ExamplePrepSummary) -> None:
+    """Refuse the chunk's first bad row (on_bad_row="error"), or count them (skip)."""
+    for position, reason in part.bad:
+        message = f"{places.where(position)}: {reason}"
+        if summary.on_bad_row == "error":
+            raise ExampleError(f"{message} (on_bad_row skip leaves such rows out)")
+        summary.bad_rows += 1
+        summary.first_bad_row = summary.first_bad_row or message
+
+
+def _nothing_left(summary: ExamplePrepSummary, input: Any) -> None:
+    """ExampleError when no example was kept: a run on these rows would train on nothing."""
+    if summary.examples:
+        return
+    name = os.fspath(input) if isinstance(input, str | os.PathLike) else ", ".join(map(os.fspath, input))
+    why = [f"{n:,} {what}" for n, what in ((summary.bad_rows, "bad rows skipped"),
+                                           (summary.dropped_too_long, "too long (truncation=drop)"),
+                                           (summary.dropped_no_loss, "without a reply to learn")) if n]
+    first = f"; first bad row: {summary.first_bad_row}" if summary.first_bad_row else ""
+    raise ExampleError(f"{name}: no example left to train on, of {summary.records:,} records"
+                       + (f" ({', '.join(why)})" if why else "") + first)
 
 
 def _add_chunk(part: ChunkExamples, summary: ExamplePrepSummary, builders: dict[str, RowBuilder],
