@@ -1,15 +1,13 @@
 """Turn a validated recipe into a model, data loaders, optimizer, schedule and Trainer, and run it.
 
 This is what `tessera train RECIPE.yaml key=value ...` calls. SIGTERM (the platform's "checkpoint and
-stop") asks the trainer to stop after the current batch; it saves, and the process exits with 143 so a
-supervisor can tell a requested stop from a finished run.
+stop") and SIGINT (Ctrl-C) ask the trainer to stop after the current batch; it saves, and the process exits
+with 143 or 130 so a supervisor can tell a requested stop from a finished run (`tessera.train.stop`).
 """
 
 from __future__ import annotations
 
-import functools
 import gc
-import signal
 from typing import Any
 
 import torch
@@ -36,9 +34,8 @@ from tessera.storage import StorageError
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 from tessera.train import Trainer
 from tessera.train.distributed import current_env, destroy
+from tessera.train.stop import stop_on_signals
 from tessera.train.trainer import seed_all
-
-STOPPED_EXIT_CODE = 143
 
 
 class DataUnavailable(RuntimeError):
@@ -179,27 +176,25 @@ def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | No
     return {**config, FINGERPRINT_KEY: base} if base is not None else config
 
 
-def _stop_on_signal(trainer: Trainer, stopped: list[int], signum: int, _frame: Any) -> None:
-    """SIGTERM: the trainer checkpoints at the end of the step and returns (exit code 143)."""
-    stopped.append(signum)
-    trainer.stop_requested = True
-
-
 def train(recipe: Recipe) -> int:
-    """Run the recipe to its max_duration; returns the process exit code (0, or 143 when stopped)."""
-    trainer = make_trainer(recipe)
-    stopped: list[int] = []
-    request_stop = functools.partial(_stop_on_signal, trainer, stopped)
-    previous = signal.signal(signal.SIGTERM, request_stop)
+    """Run the recipe to its max_duration; returns the process exit code (0, or 143 / 130 when SIGTERM /
+    SIGINT stopped it after a checkpoint).
+
+    Leaving is one sequence on every path (finished, stopped, failed): the trainer joins its threads and
+    destroys its own process groups (`Trainer.close`), then the default group goes. Left to destructors
+    at interpreter exit, a gloo group can abort a rank that finished ("terminate called without an
+    active exception"), and torchrun and Slurm then fail the whole job.
+    """
     try:
-        trainer.fit()
+        trainer = make_trainer(recipe)
+        with stop_on_signals(trainer) as stop:
+            try:
+                trainer.fit()
+            finally:
+                trainer.close()
+        code = stop.exit_code(trainer)
+        del trainer  # DDP's reducer and FSDP's mesh hold groups: free them before the default group goes
+        return code
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        trainer.close()
-    # Leave the process group before the interpreter exits: a gloo/NCCL group torn down by destructors at
-    # exit can abort a rank that finished ("terminate called without an active exception"). DDP's reducer
-    # holds the group, so the trainer goes first.
-    del trainer, request_stop
-    gc.collect()
-    destroy()
-    return STOPPED_EXIT_CODE if stopped else 0
+        gc.collect()
+        destroy()

@@ -29,6 +29,7 @@ import json
 import math
 import multiprocessing
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -106,8 +107,12 @@ def _start_worker_iteration(dataset: StreamingDataset, shared: _IterationState |
 
 def _worker_start(user_init: Callable[[int], Any] | None, worker_id: int) -> None:
     """Every worker first ties its life to the training process's (forksafe.die_with_parent) and caps its
-    malloc arenas (forksafe.limit_malloc_arenas), before its download threads start."""
+    malloc arenas (forksafe.limit_malloc_arenas), before its download threads start. It ignores SIGINT: a
+    Ctrl-C at the terminal reaches every process of the foreground group, and the training process decides
+    what it means (`tessera train` saves and stops, then ends its workers); a worker dead of it would fail
+    that stop instead."""
     die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     limit_malloc_arenas()
     # A worker's gathered batches are pickled to the training process (or gathered into shared slots), so
     # recycling output arrays buys it nothing and kept up to 64 MiB of them alive per worker.

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from tessera.stream.forksafe import die_with_parent
 
 # The world is read in one place, the stream layer's (the lowest that needs it); first_host is re-exported.
 from tessera.stream.world import DEFAULT_PORT, rendezvous, resolve_world
@@ -80,6 +83,8 @@ def init_distributed(device: torch.device | None = None, timeout_seconds: float 
             os.environ.update(RANK="0", WORLD_SIZE="1")  # for user code that reads SLURM_NTASKS as a world
         return env
     export_env(env)
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # started by torchrun: a rank must not outlive it (a second
+        die_with_parent()                      # Ctrl-C ends torchrun's wait for the ranks' checkpoint)
     device = device or default_device(env)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
@@ -167,6 +172,23 @@ def barrier() -> None:
         dist.barrier()
 
 
+def destroy_group(group: dist.ProcessGroup | None) -> None:
+    """Leave a process group of one's own (not the default one), if the job still has it. Drop the last
+    reference to it after this: gloo's threads end only when the group object is freed."""
+    if group is not None and dist.is_available() and dist.is_initialized() and group in _pg_map():
+        dist.destroy_process_group(group)
+
+
 def destroy() -> None:
+    """Leave the default process group (and any group still left) last, after the objects that hold
+    groups are released: cycles among them (a trainer and its schedulers) are collected first, so their
+    groups end now and not among the destructors of interpreter exit."""
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _pg_map() -> dict:
+    from torch.distributed.distributed_c10d import _world
+
+    return _world.pg_map

@@ -73,12 +73,17 @@ def plan_launch(nproc_per_node: int | None = None, nnodes: int | None = None, no
 
 
 def launch(plan: LaunchPlan, script: str, script_args: Sequence[str], module: bool = False) -> int:
-    """Run torchrun in this process; the exit code (non-zero if any worker failed)."""
+    """Run torchrun in this process; the exit code (non-zero if any worker failed, 128 + the signal when
+    SIGINT or SIGTERM stopped it: torchrun sends it on to the workers and waits for them, up to
+    TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds, 30 by default; a second signal ends that wait)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     try:
         torchrun_main(plan.torchrun_args(script, script_args, module))
+    except SignalException as exc:
+        return 128 + int(exc.sigval)
     except ChildFailedError as exc:
         failures = list(exc.failures.values())
         code = failures[0].exitcode if failures else 1

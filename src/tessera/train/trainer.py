@@ -404,8 +404,17 @@ class Trainer:
                 logger.close()
 
     def close(self) -> None:
-        """Finish any save in flight and release the checkpoint thread and heartbeat sender."""
-        if self.checkpoints is not None:
-            self.checkpoints.close()
-        if self.heartbeat:
-            self.heartbeat.close()
+        """Leave in one order, whether the run finished, stopped or failed: the save in flight finishes and
+        the checkpoint thread is joined (and the manager leaves its gloo group), the heartbeat sends what it
+        queued, then the count group goes. Each group is destroyed and released here, so its threads are
+        joined now rather than by destructors at interpreter exit, where a group torn down late can abort a
+        rank that had finished. The default group is the caller's to destroy (`distributed.destroy`), once
+        the model that uses it is released. Idempotent."""
+        try:
+            if self.checkpoints is not None:
+                self.checkpoints.close()
+        finally:
+            if self.heartbeat:
+                self.heartbeat.close()
+            group, self._count_group = self._count_group, None
+            dist_utils.destroy_group(group)

@@ -60,6 +60,7 @@ from tessera.train.checkpoint.retention import prune
 from tessera.train.checkpoint.rng import capture_rng_state
 from tessera.train.checkpoint.state import has_dtensor, stage_to_host
 from tessera.train.checkpoint.throttle import WRITER_NICE, default_upload_threads, lower_thread_priority
+from tessera.train.distributed import destroy_group
 from tessera.train.time import Timestamp
 
 log = logging.getLogger(__name__)
@@ -193,11 +194,14 @@ class CheckpointManager:
         return None if future is None else future.result()
 
     def close(self) -> None:
-        """Finish the save in flight and stop the background thread."""
+        """Finish the save in flight, join the background thread, then leave the manager's gloo group (its
+        threads end here, not at interpreter exit). The manager is not used after it. Idempotent."""
         try:
             self.wait()
         finally:
             self._pool.shutdown(wait=True)
+            group, self._pg = self._pg, None
+            destroy_group(group)
 
     def __enter__(self) -> CheckpointManager:
         return self
