@@ -55,3 +55,16 @@ def small_config(**overrides) -> GPTConfig:
 def small_model(seed: int = 0, **overrides) -> GPT:
     torch.manual_seed(seed)
     return GPT(small_config(**overrides)).eval()
+
+
+def assert_one_line_error(result, code: int, *needles: str) -> str:
+    """The command (a CliRunner result) exited `code` with exactly one `error:` line that names every
+    needle, and no traceback."""
+    assert result.exit_code == code, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]

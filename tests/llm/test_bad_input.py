@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from llm_helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
@@ -27,18 +28,6 @@ SMALL = ["model.d_model=32", "model.n_layers=1", "model.max_seq_len=32", "global
 
 def train(*args: str):
     return runner.invoke(app, ["train", *args])
-
-
-def assert_one_line_error(result, code: int, *needles: str) -> str:
-    """The command exited `code` with exactly one `error:` line that names every needle, and no traceback."""
-    assert result.exit_code == code, result.output
-    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.output
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
 
 
 @pytest.fixture
