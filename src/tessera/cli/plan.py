@@ -16,7 +16,8 @@ from tessera.llm.recipe import RecipeError
 
 def print_plan(recipe: str, overrides: list[str], gpu: str, nodes: int, gpus_per_node: int | None,
                efficiency: float | None, as_json: bool, debug: bool) -> None:
-    """Exit 2 on a recipe or GPU name that is wrong; 0 otherwise, even when the plan does not fit (the
+    """Exit 2 on a recipe or GPU name that is wrong (a model whose shape the plan cannot know included), 1 on
+    a model.pretrained folder that holds no model; 0 otherwise, even when the plan does not fit (the
     printed warning says so and how to make it fit)."""
     from tessera.llm.plan import load_for_plan, plan_dict, plan_recipe, render
     from tessera.train.hardware import accelerator
@@ -27,6 +28,8 @@ def print_plan(recipe: str, overrides: list[str], gpu: str, nodes: int, gpus_per
         result = plan_recipe(cfg, device, nodes, gpus_per_node, efficiency)
     except (RecipeError, ValueError) as exc:
         fail(exc, code=2, debug=debug)
+    except OSError as exc:
+        fail(exc, code=1, debug=debug)
     if as_json:
         typer.echo(json.dumps(plan_dict(result, cfg)))
     else:

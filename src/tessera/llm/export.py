@@ -28,11 +28,11 @@ from typing import Any
 import torch
 
 from tessera.llm.model import GPT, GPTConfig
+from tessera.llm.model_source import CONFIG, EXPORT_FORMAT, resolve_model_source
 from tessera.llm.tokenizer import Tokenizer, load_tokenizer
 from tessera.storage import NotFound, Store, open_store
 
-FORMAT = "tessera-gpt"
-CONFIG, WEIGHTS, TOKENIZER = "config.json", "model.safetensors", "tokenizer.json"
+WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
 WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile and DDP wrappers
 
 
@@ -54,7 +54,7 @@ def save_pretrained(model: GPT, out: str | os.PathLike[str] | Store, tokenizer: 
         if tokenizer is not None:
             tokenizer.save(Path(tmp) / TOKENIZER)
             store.put_file(TOKENIZER, Path(tmp) / TOKENIZER)
-    config = {"format": FORMAT, "version": 1, "model": model.cfg.to_dict(),
+    config = {"format": EXPORT_FORMAT, "version": 1, "model": model.cfg.to_dict(),
               "tokenizer": TOKENIZER if tokenizer is not None else None}
     store.put(CONFIG, json.dumps(config, indent=2).encode())
     return store.url
@@ -65,7 +65,7 @@ def _read_config(store: Store) -> dict[str, Any] | None:
         config = json.loads(store.get(CONFIG))
     except NotFound:
         return None
-    if config.get("format") != FORMAT:
+    if config.get("format") != EXPORT_FORMAT:
         raise ExportError(f"{store.url_for(CONFIG)}: not a tessera model export (format {config.get('format')!r})")
     return config
 
@@ -132,11 +132,15 @@ def tokenizer_from_run(run_config: dict[str, Any]) -> Tokenizer | None:
 
 def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu",
                ) -> tuple[GPT, Tokenizer | None]:
-    """A model from an export folder, a checkpoint folder, or a run's checkpoint root (newest checkpoint)."""
-    store = open_store(path)
-    if _read_config(store) is not None:
-        return load_pretrained(store, device)
-    state = checkpoint_weights(path)
+    """A GPT from an export folder, a checkpoint folder, or a run's checkpoint root (newest checkpoint);
+    what `path` is, is `resolve_model_source`'s to say (NotAModel: a hub id, nothing there)."""
+    source = resolve_model_source(path)
+    if source.kind == "transformers":
+        raise ExportError(f"{os.fspath(path)}: a transformers model folder, not a Tessera GPT (export or "
+                          "checkpoint)")
+    if source.kind == "export":
+        return load_pretrained(open_store(path), device)
+    state = _checkpoint_state(path)
     model = GPT(model_config_from_run(state.get("config") or {}))
     weights = state["model"]
     model.load_state_dict(weights)
@@ -146,6 +150,14 @@ def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu",
 def checkpoint_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The weights-only state of a checkpoint folder (or the newest under a run's checkpoint root), with
     the keys of DDP and torch.compile wrappers stripped; "config" is the run config it was saved with."""
+    kind = resolve_model_source(path).kind
+    if kind != "checkpoint":
+        what = "a transformers model folder" if kind == "transformers" else "a model export"
+        raise ExportError(f"{os.fspath(path)}: {what}, not a training checkpoint")
+    return _checkpoint_state(path)
+
+
+def _checkpoint_state(path: str | os.PathLike[str]) -> dict[str, Any]:
     from tessera.train.checkpoint import CheckpointManager
 
     manager = CheckpointManager(os.fspath(path))

@@ -271,14 +271,9 @@ class GPT(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def flops_per_token(self, seq_len: int | None = None) -> int:
-        """Training FLOPs per token (forward + backward): 6N + 12 * n_layers * d_model * seq_len.
-
-        The standard estimate (Kaplan et al.; PaLM appendix B; LLM Foundry's MFU): 2N per token for the
-        matmuls forward and 4N backward, plus the attention scores and their weighted sum, which grow
-        with the context length.
-        """
-        seq_len = seq_len or self.cfg.max_seq_len
-        return 6 * self.num_params() + 12 * self.cfg.n_layers * self.cfg.d_model * seq_len
+        """Training FLOPs per token at `seq_len` (default: the model's window): `training_flops_per_token`."""
+        return training_flops_per_token(self.num_params(), self.cfg.n_layers, self.cfg.d_model,
+                                        seq_len or self.cfg.max_seq_len)
 
     # --- forward ------------------------------------------------------------------------------------
 
@@ -353,6 +348,17 @@ class GPT(nn.Module):
         targets = targets.masked_fill(sequence_ids[:, 1:] != sequence_ids[:, :-1], IGNORE_INDEX)
         return self(tokens[:, :-1], targets=targets, position_ids=position_ids[:, :-1],
                     sequence_ids=sequence_ids[:, :-1])
+
+
+def training_flops_per_token(params: int, n_layers: int, d_model: int, seq_len: int, frozen: int = 0) -> int:
+    """Training FLOPs per token (forward + backward) of a decoder: 6N + 12 * n_layers * d_model * seq_len.
+
+    The standard estimate (Kaplan et al.; PaLM appendix B; LLM Foundry's MFU): 2N per token for the
+    matmuls forward and 4N backward, plus the attention scores and their weighted sum, which grow with
+    the context length. `frozen` of the N (a LoRA base) need no weight gradients: 4 per token, not 6.
+    Shared by Tessera's GPT and the plan of any recipe (llm/plan.py).
+    """
+    return 6 * params - 2 * frozen + 12 * n_layers * d_model * seq_len
 
 
 def packed_positions(position_ids: torch.Tensor | None,

@@ -38,6 +38,7 @@ from tessera.llm.finetune.config import ExampleSource
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.icl.config import ICLSection
 from tessera.llm.model import NAMED_CONFIGS, GPTConfig
+from tessera.llm.model_source import is_hub_id
 from tessera.llm.recipe_required import must_be_set_message, placeholder_overrides, unset_keys
 from tessera.stream.config import StreamConfig, StreamingConfig
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
@@ -127,6 +128,8 @@ class Recipe(TrainingKeys, ICLSection):  # type: ignore[valid-type,misc]
                 PretrainedSpec.model_validate(self.model)
             else:
                 GPTConfig.from_dict(dict(self.model))
+        except ValidationError as exc:  # one line, as `model: key: problem`
+            raise ValueError(f"model: {'; '.join(error_lines(exc))}") from None
         except (TypeError, ValueError, ArithmeticError) as exc:
             raise ValueError(f"model: {exc}") from None
         self.trainer_config()  # the settings' checks across keys (autoresume needs save_folder)
@@ -339,16 +342,13 @@ def _explain(exc: ValidationError) -> str:
     return "invalid recipe:\n  " + "\n  ".join(lines)
 
 
-def load_recipe_leaving_unset(path: str, overrides: list[str] | tuple[str, ...] = (),
-                              model_unset: str | None = None) -> tuple[Recipe, list[str]]:
-    """The recipe validated with its `???` values (data, buckets) standing in as placeholders, and those
-    keys: what `--print-config` and `--plan` show before the user has set them. A model left unset is
-    still an error, since everything else derives from it: `model_unset`, or the line naming every unset key."""
+def load_recipe_leaving_unset(path: str, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Recipe, list[str]]:
+    """The recipe validated with its `???` values (data, buckets, model.pretrained) standing in as
+    placeholders (recipe_required.py), and those keys: what `--print-config` and `--plan` show before the
+    user has set them. Another model key left unset is still an error (a GPT's shape derives from it)."""
     tree = _overridden(path, overrides)
     unset = unset_keys(tree)
-    if any(key.startswith("model.") for key in unset):
-        if model_unset is not None:
-            raise RecipeError(model_unset)
+    if any(key.startswith("model.") and key != "model.pretrained" for key in unset):
         return _validated(tree), []  # raises, naming every unset key
     for item in placeholder_overrides(unset):
         apply_override(tree, item)
@@ -385,9 +385,11 @@ def _validated(tree: dict[str, Any]) -> Recipe:
 
 def _absolute_pretrained(tree: dict[str, Any]) -> None:
     """A local `model.pretrained` as an absolute path: the run config keeps it, and export or a resume
-    started from another folder must find the same model (a URL is kept as it is)."""
+    started from another folder must find the same model (a URL is kept as it is, and so is a path that
+    looks like a hub id, org/name, and is not there: it is refused by that name when the model loads)."""
     model = tree.get("model")
     if not is_pretrained(model) or not isinstance(model["pretrained"], str) or not model["pretrained"].strip():
         return
-    if "://" not in model["pretrained"]:  # s3://..., file://...: a URL says where it is
-        model["pretrained"] = os.path.abspath(os.path.expanduser(model["pretrained"]))
+    local = os.path.expanduser(model["pretrained"])
+    if "://" not in local and not (is_hub_id(local) and not os.path.exists(local)):
+        model["pretrained"] = os.path.abspath(local)

@@ -41,9 +41,10 @@ def must_be_set_message(keys: list[str]) -> str:
 
 
 # What stands in for an unset value where nothing is opened (`--print-config`, `--plan`): storage that is
-# never touched, the byte tokenizer.
+# never touched, the byte tokenizer, a model no path names (--plan then needs model.architecture).
+UNSET_MODEL = "unset://model.pretrained"
 _PLACEHOLDERS = {"remote": "memory://unset/data", "save_folder": "memory://unset/ckpt",
-                 "load_path": "memory://unset/ckpt", "tokenizer": "byte"}
+                 "load_path": "memory://unset/ckpt", "tokenizer": "byte", "pretrained": UNSET_MODEL}
 
 
 def placeholder_overrides(keys: list[str]) -> list[str]:

@@ -13,8 +13,10 @@ layout from the recipe's parallelism, the device from `hardware.py`.
 Memory per device, in bytes (N = parameters, T = trainable parameters, s = shard degree of the states,
 t = tensor-parallel degree, m = microbatch, L = sequence length):
 
-- weights: N x w / (s x t), w = 4 (fp32; they stay fp32 under autocast) or 2 (`pure_bf16`). DDP keeps
-  them whole (s = 1 for weights); every FSDP strategy stores them sharded over the shard group.
+- weights: N x w / (s x t), w = 4 (fp32; they stay fp32 under autocast) or 2 (`pure_bf16`), or the
+  bytes of the dtype a pretrained model is loaded in (`ModelCounts.weight_bytes`: a LoRA base in bf16 is
+  2, its adapters follow the base). DDP keeps them whole (s = 1 for weights); every FSDP strategy stores
+  them sharded over the shard group.
 - working copies: the weights the step computes with, besides the stored ones. DDP under autocast keeps
   a cast of every weight for the forward (autocast's cache, N x 2 / t); FSDP `full_shard` and `hybrid`
   gather one block at a time and prefetch the next (two blocks in `param_dtype`, fp32 without one);
@@ -71,6 +73,7 @@ class ModelCounts:
     seq_len: int
     flops_per_token: float  # training FLOPs (forward + backward) per token at seq_len
     block_params: int = 0  # parameters of one block (what FSDP gathers at a time); 0: params / n_layers
+    weight_bytes: int = 0  # bytes per stored weight when the model fixes its dtype; 0: the precision's
 
 
 @dataclass(frozen=True)
@@ -176,10 +179,15 @@ def _compute_bytes(layout: Layout) -> int:
     return _BYTES.get(DTYPE_OF_PRECISION.get(layout.precision, layout.precision), 4)
 
 
+def weight_bytes(counts: ModelCounts, layout: Layout) -> int:
+    """Bytes of a stored weight, gradient and Adam moment: the model's fixed dtype, else the precision's."""
+    return counts.weight_bytes or (2 if layout.precision == "pure_bf16" else 4)
+
+
 def memory(counts: ModelCounts, layout: Layout, microbatch: int) -> Memory:
     """Bytes per device for one microbatch of `microbatch` sequences (see the module docstring)."""
     t, act_bytes = layout.tp_degree, _compute_bytes(layout)
-    w = 2 if layout.precision == "pure_bf16" else 4  # what the weights, gradients and Adam moments are stored in
+    w = weight_bytes(counts, layout)
     gathered = _BYTES.get(layout.param_dtype or "", w)
     weights = counts.params * w / (layout.shard * t)
     if layout.sharding in ("full_shard", "hybrid") and layout.shard > 1:

@@ -19,14 +19,11 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tessera.llm.model_source import is_remote
 from tessera.storage import download_from, open_store
 from tessera.stream.cache import flocked
 
 CACHE_ENV = "TESSERA_MODEL_CACHE"
-
-
-def is_remote(url: str) -> bool:
-    return "://" in url and not url.startswith("file://")
 
 
 def default_cache_dir() -> Path:

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from tessera.llm.hf.architectures import ARCHITECTURES, architecture_named
+
 # The Linear layers LoRA adapts by default: every projection of attention and of the MLP. For Hugging
 # Face models peft's "all-linear" finds them whatever the architecture names them (the output layer is
 # left out); Tessera's GPT names them as MPT does.
@@ -41,12 +43,22 @@ class PretrainedSpec(_Section):
                                                     "$TESSERA_MODEL_CACHE or ~/.cache/tessera/models.")
     allow_changed_base: bool = Field(False, description="Resume even if the base model's files differ from "
                                                         "those the checkpoint was trained on (hf/fingerprint.py).")
+    architecture: str | None = Field(None, description="The model's shape for `--plan` when model.pretrained is "
+                                                       "not a local folder: " + ", ".join(ARCHITECTURES)
+                                                       + " (hf/architectures.py); training reads config.json.")
 
     @field_validator("pretrained")
     @classmethod
     def _not_empty(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("model.pretrained must name a folder or s3:// URL")
+        return value
+
+    @field_validator("architecture")
+    @classmethod
+    def _known(cls, value: str | None) -> str | None:
+        if value is not None and architecture_named(value) is None:
+            raise ValueError(f"architecture {value!r} is not one of: {', '.join(ARCHITECTURES)}")
         return value
 
 

@@ -35,6 +35,7 @@ from tessera.llm.hf.gpt_to_hf import gpt_to_hf, hf_architecture
 from tessera.llm.hf.load import load_pretrained_model
 from tessera.llm.hf.lora import add_lora, lora_target, merge_lora
 from tessera.llm.model import GPT
+from tessera.llm.model_source import resolve_model_source
 from tessera.storage import open_store
 from tessera.train.checkpoint import apply_state
 from tessera.train.trainer import seed_all
@@ -72,10 +73,14 @@ def rebuild(path: str | os.PathLike[str], state: dict[str, Any] | None = None, b
 
 
 def load_checkpoint_model(path: str | os.PathLike[str], base_check: str | None = None) -> tuple[nn.Module, Any]:
-    """Any model Tessera saved, for inference: an export folder, or a checkpoint of any run (a GPT, a
-    pretrained model, LoRA merged into its weights). A checkpoint of a pretrained model gives an
-    `HFCausalLM` (logits from `model(ids)`) and its transformers tokenizer. `base_check`: as `rebuild`."""
-    if open_store(os.fspath(path)).exists("config.json"):
+    """Any model, for inference: a transformers folder, an export folder, or a checkpoint of any run (a
+    GPT, a pretrained model, LoRA merged into its weights), as `resolve_model_source` tells them apart. A
+    transformers folder or a checkpoint of a pretrained model gives an `HFCausalLM` (logits from
+    `model(ids)`) and its transformers tokenizer. `base_check`: as `rebuild`."""
+    kind = resolve_model_source(path).kind
+    if kind == "transformers":
+        return load_pretrained_model(PretrainedSpec(pretrained=os.fspath(path)))
+    if kind == "export":
         return load_model(path)
     state = checkpoint_weights(path)
     config = state.get("config") or {}

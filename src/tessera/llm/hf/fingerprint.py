@@ -32,7 +32,7 @@ import xxhash
 
 from tessera.llm.hf.cache import default_cache_dir, is_remote, local_model_folder
 from tessera.llm.hf.config import PretrainedSpec
-from tessera.storage import open_store
+from tessera.llm.model_source import resolve_model_source
 from tessera.storage.local import write_atomic
 from tessera.stream.cache import flocked
 from tessera.train.callbacks import Callback
@@ -109,13 +109,10 @@ def fingerprint_folder_of(spec: PretrainedSpec) -> Path | None:
     """The local folder to fingerprint for `model.pretrained`, None for a source that is not one
     (a Tessera checkpoint, or a remote Tessera export)."""
     url = spec.pretrained
-    if open_store(os.fspath(url)).exists("config.json"):  # a transformers folder or a Tessera export
-        if is_remote(url):
-            from tessera.llm.hf.load import is_transformers_folder
-
-            return local_model_folder(url, spec.cache_dir) if is_transformers_folder(url) else None
-        return local_model_folder(url)
-    return None
+    kind = resolve_model_source(url, "model.pretrained").kind
+    if kind == "checkpoint" or (kind == "export" and is_remote(url)):
+        return None
+    return local_model_folder(url, spec.cache_dir)
 
 
 def base_fingerprint(spec: PretrainedSpec) -> dict[str, Any] | None:

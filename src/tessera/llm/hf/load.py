@@ -4,7 +4,8 @@
     model, tokenizer = load_pretrained_model(spec, lora)   # a transformers folder, or Tessera's own GPT
 
 `model.pretrained` may also name a Tessera GPT (an export folder of `tessera llm export`, or a training
-checkpoint): then the GPT is loaded with its weights and LoRA, if asked, is added to it.
+checkpoint): then the GPT is loaded with its weights and LoRA, if asked, is added to it. Which of them a
+path is, is decided once, by `resolve_model_source` (llm/model_source.py; a hub id is refused there).
 
 transformers reads local files only (`local_files_only=True`): a remote folder is first copied to the
 node's cache (hf/cache.py). With a `lora` spec the base weights are frozen and LoRA layers are added
@@ -13,8 +14,6 @@ node's cache (hf/cache.py). With a `lora` spec the base weights are frozen and L
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,9 @@ from tessera.llm.hf.adapter import HFCausalLM, default_seq_len
 from tessera.llm.hf.cache import local_model_folder
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec
 from tessera.llm.hf.lora import add_lora
-from tessera.storage import NotFound, open_store
+from tessera.llm.model_source import not_a_model, resolve_model_source
+
+KEY = "model.pretrained"  # the recipe key errors name
 
 
 class QuantizationUnavailable(ValueError):
@@ -103,20 +104,6 @@ def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausa
     return model, tokenizer
 
 
-def is_transformers_folder(url: str) -> bool:
-    """A folder whose config.json is a transformers config (not a Tessera export's, nor a checkpoint)."""
-    try:
-        config = json.loads(open_store(os.fspath(url)).get("config.json"))
-    except NotFound:
-        return False
-    return isinstance(config, dict) and "model_type" in config
-
-
-def not_a_model(url: str) -> FileNotFoundError:
-    return FileNotFoundError(f"model.pretrained={url}: not a model: neither a transformers folder (config.json "
-                             "with a model_type, safetensors, tokenizer files) nor a Tessera export or checkpoint")
-
-
 def load_tessera_gpt(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[nn.Module, Any]:
     """A Tessera GPT export or checkpoint as the starting point (its tokenizer, None if it has none)."""
     from tessera.llm.export import load_model
@@ -124,7 +111,7 @@ def load_tessera_gpt(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tupl
     try:
         model, tokenizer = load_model(spec.pretrained)
     except ExportError:
-        raise not_a_model(spec.pretrained) from None
+        raise not_a_model(spec.pretrained, KEY) from None
     if spec.max_seq_len and spec.max_seq_len > model.cfg.max_seq_len:
         raise ValueError(f"model.max_seq_len={spec.max_seq_len} is longer than {spec.pretrained}'s "
                          f"{model.cfg.max_seq_len} positions")
@@ -140,16 +127,21 @@ def tessera_gpt_description(spec: PretrainedSpec) -> tuple[Any, Any]:
     try:
         described = describe_export(spec.pretrained)
     except ExportError:
-        raise not_a_model(spec.pretrained) from None
+        raise not_a_model(spec.pretrained, KEY) from None
     if described is not None:
         return described
     model, tokenizer = load_tessera_gpt(spec)
     return model.cfg, tokenizer
 
 
+def is_transformers(spec: PretrainedSpec) -> bool:
+    """Whether `model.pretrained` is a transformers folder (else a Tessera export or checkpoint)."""
+    return resolve_model_source(spec.pretrained, KEY).kind == "transformers"
+
+
 def load_pretrained_model(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[nn.Module, Any]:
     """The model `model.pretrained` names: a transformers folder (HFCausalLM) or a Tessera GPT."""
-    if is_transformers_folder(spec.pretrained):
+    if is_transformers(spec):
         return load_hf(spec, lora)
     return load_tessera_gpt(spec, lora)
 
@@ -158,7 +150,7 @@ def pretrained_seq_len(spec: PretrainedSpec) -> int:
     """`spec.max_seq_len`, else the model's max_position_embeddings capped at 4096 (from config.json)."""
     if spec.max_seq_len:
         return spec.max_seq_len
-    if not is_transformers_folder(spec.pretrained):
+    if not is_transformers(spec):
         return tessera_gpt_description(spec)[0].max_seq_len
     from transformers import AutoConfig
 
@@ -170,6 +162,6 @@ def pretrained_seq_len(spec: PretrainedSpec) -> int:
 def pretrained_tokenizer(spec: PretrainedSpec) -> Any:
     """The tokenizer saved with the pretrained model (a transformers one with its chat template, or a
     Tessera GPT's); None when a Tessera model was saved without one."""
-    if not is_transformers_folder(spec.pretrained):
+    if not is_transformers(spec):
         return tessera_gpt_description(spec)[1]
     return load_hf_tokenizer(local_model_folder(spec.pretrained, spec.cache_dir))

@@ -1,0 +1,100 @@
+"""What a model path names, decided in one place for training, eval, generation, export and plan alike.
+
+    source = resolve_model_source("s3://bucket/models/llama")     # ModelSource(url, kind="transformers")
+    source = resolve_model_source("runs/r1/checkpoints")          # kind="checkpoint"
+    resolve_model_source("meta-llama/Meta-Llama-3-8B")            # NotAModel: not on this machine, how to place it
+
+A source is one of three kinds, read from its `config.json` (a few bytes; no weights are read):
+
+- `transformers`: a config.json with a `model_type` (a transformers folder, local or in a bucket);
+- `export`: a config.json with `"format": "tessera-gpt"` (`tessera llm export`, llm/export.py);
+- `checkpoint`: no config.json, but something there: a training checkpoint or a run's checkpoint root
+  (whether it loads is the checkpoint reader's to say).
+
+Tessera never downloads from a model hub at run time, so a hub id (`org/name`) that is not a folder here
+is refused with how to place the model, instead of a "no such folder" that reads like a typo.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tessera.storage import NotFound, open_store
+
+EXPORT_FORMAT = "tessera-gpt"  # the `format` of an export's config.json
+CONFIG = "config.json"
+Kind = Literal["transformers", "export", "checkpoint"]
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+class NotAModel(FileNotFoundError):
+    """A model path that names no model here; the message is one line that says what to give instead."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    url: str
+    kind: Kind
+    config: dict[str, Any] | None = None  # its config.json (transformers, export); None for a checkpoint
+
+
+def is_remote(url: str) -> bool:
+    return "://" in url and not url.startswith("file://")
+
+
+def is_hub_id(url: str) -> bool:
+    """`org/name`, as a model hub names a model (a relative path of two parts looks the same: the caller
+    asks only once no such path exists)."""
+    return _HUB_ID.fullmatch(url) is not None
+
+
+def resolve_model_source(url: str | os.PathLike[str], key: str | None = None) -> ModelSource:
+    """The kind of model `url` holds; NotAModel when it holds none. `key` (model.pretrained) is the recipe
+    key that gave it, named in the error."""
+    url = os.fspath(url)
+    label = f"{key}={url}" if key else url
+    if not is_remote(url):
+        local = Path(url.removeprefix("file://")).expanduser()
+        if not local.exists():
+            if is_hub_id(url):
+                raise NotAModel(hub_id_message(url, key))
+            raise NotAModel(f"{label}: not a model: no such file or folder")
+        if not local.is_dir():
+            raise NotAModel(f"{label}: not a model: a file, not a folder (a transformers folder, a Tessera "
+                            "export or a checkpoint folder)")
+    store = open_store(url)
+    try:
+        config = json.loads(store.get(CONFIG))
+    except NotFound:
+        config = None
+    except ValueError:
+        raise NotAModel(f"{label}: not a model: its {CONFIG} is not JSON") from None
+    if config is None:
+        if is_remote(url) and next(iter(store.list("")), None) is None:
+            raise NotAModel(f"{label}: not a model: no files there")
+        return ModelSource(url, "checkpoint")
+    if isinstance(config, dict) and "model_type" in config:
+        return ModelSource(url, "transformers", config)
+    if isinstance(config, dict) and config.get("format") == EXPORT_FORMAT:
+        return ModelSource(url, "export", config)
+    raise NotAModel(f"{label}: not a model: its {CONFIG} is neither a transformers config (no model_type) nor "
+                    f"a Tessera export's (format {EXPORT_FORMAT})")
+
+
+def hub_id_message(hub_id: str, key: str | None = None) -> str:
+    """One line: a hub id is not fetched; how to put the model where a path can name it."""
+    name = hub_id.rsplit("/", 1)[-1]
+    return (f"{key + ': ' if key else ''}model '{hub_id}' is not on this machine: Tessera does not download at "
+            f"run time; place the model in a local folder (e.g. `hf download {hub_id} --local-dir ./{name}`) "
+            "or a bucket path, and give that path")
+
+
+def not_a_model(url: str, key: str | None = None) -> NotAModel:
+    """A source that is there but loads as none of the kinds."""
+    return NotAModel(f"{f'{key}={url}' if key else url}: not a model: neither a transformers folder (config.json "
+                     "with a model_type, safetensors, tokenizer files) nor a Tessera export or checkpoint")
