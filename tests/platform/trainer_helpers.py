@@ -36,9 +36,11 @@ def train_command(data: Path, folder: Path, *extra: str) -> str:
 
 
 def losses(folder: Path) -> dict[int, float]:
-    """step -> train loss (a later line for a step, written after a resume, wins)."""
+    """step -> train loss (a later line for a step, written after a resume, wins), from the one run logged in
+    FOLDER (logs/<run name>/: tiny-cpu outside the platform, the platform run's name in it)."""
     out: dict[int, float] = {}
-    for line in (folder / "logs" / "tiny-cpu" / "metrics.jsonl").read_text().splitlines():
+    [metrics] = (folder / "logs").glob("*/metrics.jsonl")
+    for line in metrics.read_text().splitlines():
         try:
             row = json.loads(line)
         except json.JSONDecodeError:

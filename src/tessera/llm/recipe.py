@@ -50,7 +50,7 @@ from tessera.typed_config import error_lines
 TRAINER_KEYS_RENAMED = {"global_batch_size": "global_train_batch_size",
                         "eval_subset_num_batches": "data.eval.max_batches"}
 # A recipe's defaults where they differ from the Trainer's (an LLM run logs less often and clips).
-RECIPE_DEFAULTS = {"run_name": "run", "seed": 17, "grad_clip_norm": 1.0, "log_interval": "10ba"}
+RECIPE_DEFAULTS = {"seed": 17, "grad_clip_norm": 1.0, "log_interval": "10ba"}
 
 
 class RecipeError(ValueError):
@@ -364,7 +364,18 @@ def _overridden(path: str, overrides: list[str] | tuple[str, ...]) -> dict[str, 
     tree = _read(path)
     for item in overrides:
         apply_override(tree, item)
+    tree["run_name"] = run_name_of(path, tree, overrides)
     return tree
+
+
+def run_name_of(path: str, tree: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> str | None:
+    """The run's name, which names its checkpoint and log folders ({run_name}): `run_name=` on the command
+    line, else $RUN_NAME (the platform's run name: two platform runs of one recipe file never share a
+    folder, and a resumed platform run keeps its name), else the recipe file's `run_name`, else the file's
+    stem (`tiny-cpu` for tiny-cpu.yaml: the same command run twice on a laptop autoresumes)."""
+    if any(item.partition("=")[0].strip() == "run_name" for item in overrides) and tree.get("run_name") is not None:
+        return tree["run_name"]
+    return os.environ.get("RUN_NAME") or tree.get("run_name") or Path(path).stem
 
 
 def _validated(tree: dict[str, Any]) -> Recipe:

@@ -1,16 +1,53 @@
 """Where `Trainer.fit` starts from: autoresume's newest checkpoint, else `load_path` (the full state, or
 the weights only), applied to the run, with a warning when the resumed run cannot continue exactly where
 the saved one stopped. Finding, verifying and loading the checkpoint is `tessera.train.checkpoint`'s.
+
+Autoresume continues only a run of the same name: a save folder whose newest checkpoint another run
+name wrote (two runs given one fixed save_folder) is refused before anything loads, unless `load_path`
+says where to start (`ForeignCheckpoint`). Runs without a name on either side are not compared.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import warnings
 from typing import Any
 
+from tessera.storage import StorageError
 from tessera.train.checkpoint import CheckpointManager, apply_state
+from tessera.train.checkpoint.layout import META, resume_order
 from tessera.train.time import Timestamp
+
+
+class ForeignCheckpoint(ValueError):
+    """The save folder's newest checkpoint belongs to a run of another name; autoresume would continue it."""
+
+
+def saved_run(manager: CheckpointManager) -> tuple[str, str] | None:
+    """(run name, checkpoint name) from the meta.json of the checkpoint autoresume would try first (the
+    first one with a readable meta.json), or None when the folder has none or it names no run."""
+    for name in resume_order(manager.store, lambda _: None)[0]:  # latest() warns about skipped folders
+        try:
+            meta = json.loads(manager.store.get(f"{name}/{META}"))
+        except (StorageError, ValueError):
+            continue
+        config = meta.get("config") if isinstance(meta, dict) else None
+        run = config.get("run_name") if isinstance(config, dict) else None
+        return (run, name) if isinstance(run, str) and run else None
+    return None
+
+
+def foreign_checkpoints(manager: CheckpointManager, run_name: str) -> str | None:
+    """Why autoresume may not continue the folder's checkpoints (another run name wrote the newest), in
+    one line that says what to do; None when they are this run's, unnamed, or absent, or this run has no
+    name."""
+    found = saved_run(manager) if run_name else None
+    if found is None or found[0] == run_name:
+        return None
+    folder = manager.save_folder.rstrip("/")
+    return (f"{folder} holds checkpoints of run '{found[0]}', this run is '{run_name}': give "
+            f"load_path={folder}/{found[1]} to start from it, or another save_folder")
 
 
 def resume(trainer: Any, log: logging.Logger) -> None:
@@ -18,7 +55,14 @@ def resume(trainer: Any, log: logging.Logger) -> None:
     timestamp and train dataloader; `trainer.resumed` then names it. `log` is the trainer's logger."""
     state = None
     if trainer.autoresume and trainer.checkpoints is not None:
-        state = trainer.checkpoints.latest(model=trainer.model, optimizers=trainer.optimizers)
+        refusal = foreign_checkpoints(trainer.checkpoints, trainer.run_name)
+        if refusal is None:
+            state = trainer.checkpoints.latest(model=trainer.model, optimizers=trainer.optimizers)
+        elif trainer.load_path is None:
+            raise ForeignCheckpoint(refusal)
+        else:
+            log.info("not resuming another run's checkpoints in %s: starting from load_path",
+                     trainer.checkpoints.save_folder)
     if state is None and trainer.load_path is not None:
         manager = trainer.checkpoints or CheckpointManager(trainer.load_path)
         try:
