@@ -137,6 +137,10 @@ def test_gzip_reads_as_its_plain_twin(model: Path, tmp_path: Path) -> None:
         res = prep(src, tmp_path / src.name.replace(".", "-"), model, "--json")
         assert res.exit_code == 0 and json.loads(res.stdout)["examples"] == 40, res.output
     assert_same_rows(tmp_path / "a-jsonl", tmp_path / "a-jsonl-gz")
+    # a corpus (token windows) does not read gzip: refused, where it made an empty dataset and exit 0
+    res = runner.invoke(app, ["llm", "prep", str(packed), str(tmp_path / "corpus"), "--tokenizer", "byte"])
+    one_error_line(res, f"{packed}: no documents read (1 files skipped as not UTF-8 text)")
+    assert not (tmp_path / "corpus").exists()
 
 
 def assert_same_rows(a: Path, b: Path) -> None:

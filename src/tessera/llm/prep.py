@@ -30,7 +30,7 @@ import xxhash
 from tessera.llm.corpus import plan_corpus, read_documents
 from tessera.llm.tokenizer import Tokenizer, load_tokenizer
 from tessera.shards.dataset import open_dataset_store
-from tessera.shards.sources import Chunk
+from tessera.shards.sources import Chunk, SourceError
 from tessera.shards.writer import ShardWriter
 
 SPLITS = ("train", "val")
@@ -234,7 +234,16 @@ def prep(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], out: 
             summary.seconds = time.perf_counter() - t0
             if progress:
                 progress(summary, done, len(chunks))
+        if not summary.documents:  # a gzip file is a text file that is not UTF-8: say so, write nothing
+            raise SourceError(f"{', '.join(input_names(input))}: no documents read"
+                              + (f" ({summary.skipped_files:,} files skipped as not UTF-8 text)"
+                                 if summary.skipped_files else ""))
         for split, writer in splits.items():
             summary.dropped_tokens[split] = len(writer.pending)
     summary.seconds = time.perf_counter() - t0
     return summary
+
+
+def input_names(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> list[str]:
+    """The input's files or folders as given, for messages."""
+    return [os.fspath(input)] if isinstance(input, str | os.PathLike) else [os.fspath(p) for p in input]

@@ -40,7 +40,7 @@ from tessera.llm.finetune.examples import FORMATS, bounded, encode_row, fit
 from tessera.llm.finetune.packing import RowBuilder, pack_columns, pad_columns
 from tessera.llm.finetune.reader import BadRecord, ChunkRecords, Places, plan_examples
 from tessera.llm.finetune.rows import ExampleError, parse_row
-from tessera.llm.prep import SPLITS, check_prep_options, is_validation, map_in_order, token_dtype
+from tessera.llm.prep import SPLITS, check_prep_options, input_names, is_validation, map_in_order, token_dtype
 from tessera.shards.dataset import open_dataset_store
 from tessera.shards.sources import Chunk
 from tessera.shards.writer import ShardWriter
@@ -231,7 +231,7 @@ def _nothing_left(summary: ExamplePrepSummary, input: Any) -> None:
     """ExampleError when no example was kept: a run on these rows would train on nothing."""
     if summary.examples:
         return
-    name = os.fspath(input) if isinstance(input, str | os.PathLike) else ", ".join(map(os.fspath, input))
+    name = ", ".join(input_names(input))
     why = [f"{n:,} {what}" for n, what in ((summary.bad_rows, "bad rows skipped"),
                                            (summary.dropped_too_long, "too long (truncation=drop)"),
                                            (summary.dropped_no_loss, "without a reply to learn")) if n]
