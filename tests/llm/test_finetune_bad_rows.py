@@ -200,6 +200,28 @@ def test_row_problems_are_named_inside_the_row(record, message: str) -> None:
     assert str(info.value).startswith(message) and len(str(info.value)) < 200
 
 
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=300),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+                    max_leaves=12)
+MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "bot", 3]), "content": JSON})
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(JSON, st.fixed_dictionaries({"messages": st.lists(MESSAGE, max_size=3) | JSON}),
+                 st.fixed_dictionaries({"prompt": JSON, "response": JSON})),
+       st.sampled_from(["auto", "chat", "instruction", "text"]))
+def test_any_json_is_a_row_or_one_short_line(record, fmt: str) -> None:
+    """Whatever JSON a line holds: a typed row, or ExampleError in one line of bounded length."""
+    try:
+        row = parse_row(record, fmt)
+    except ExampleError as exc:
+        assert "\n" not in str(exc) and len(str(exc)) < 400, str(exc)
+        return
+    texts = ([m.content for m in row.messages] if hasattr(row, "messages") else
+             [row.prompt, row.response] if hasattr(row, "prompt") else [row.text])
+    assert all(isinstance(t, str) for t in texts)  # never None, a number, a list: nothing trained as "None"
+
+
 def test_a_tool_call_turn_may_have_null_content() -> None:
     row = parse_row({"messages": [{"role": "user", "content": "time?"},
                                   {"role": "assistant", "content": None, "tool_calls": [{"name": "clock"}]}]}, "chat")
