@@ -9,12 +9,17 @@ out of the root are refused here, before any path is built.
 
 Every number is bounded (`MAX_SAMPLES`, `MAX_BYTES`, `MAX_COLUMN_SIZE`) and every hash name must be one we
 can compute: an index from someone's bucket is untrusted input, and `samples: 2**63` would otherwise pass
-here and overflow numpy's int64 in the epoch plan, an unknown hash only fail deep in a verify. JSON nested
-past the interpreter's recursion limit is an IndexFormatError too, not a RecursionError.
+here and overflow numpy's int64 in the epoch plan, an unknown hash only fail deep in a verify. A sample
+count must also fit the shard's recorded size (`max_samples`: each sample takes a 4-byte offset in the
+shard's header, or its meta file's), so `samples: 2**31` on a 300-byte shard is refused here, before a
+reader sizes anything by it. JSON nested past the interpreter's recursion limit is an IndexFormatError
+too, not a RecursionError.
 
 Entries that are each well-formed can still disagree as a whole, and every reader would then serve
 wrong data without a word: a file listed by two entries (its samples come twice), or `samples: 0` on a
-file that holds samples (they are never read). Those are refused at load too (`inconsistencies`).
+file that holds samples (they are never read). A file listed twice is refused as soon as its second
+entry is parsed, in every mode (an index repeating one entry 50,000 times fails at entry 1, not after
+validating them all); `samples: 0` is refused at load too (`inconsistencies`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ ENTRY_KEYS: dict[str, frozenset[str]] = {
 }
 _FILE_KEYS = ("raw_data", "zip_data", "raw_meta", "zip_meta")
 
-MAX_SAMPLES = 2**40  # per shard: far above any real shard, far below what int64 sums of shards overflow at
+MAX_SAMPLES = 2**31 - 1  # per shard: 32-bit offsets cap a shard's bytes at 4 GiB, so real shards hold far fewer
 MAX_BYTES = 2**40  # per file and for size_limit (1 TiB); a shard is read whole into the cache
 MAX_COLUMN_SIZE = 2**32  # a fixed-size column's bytes per sample
 MAX_TOTAL_SAMPLES = 2**62  # the whole index: sample ids and their arithmetic stay inside int64
@@ -64,6 +69,8 @@ def check_basename(basename: Any, file: str, shard: int | None = None) -> str:
         raise PathTraversal(
             file, f"shard basename {basename!r} is absolute or climbs out of the dataset root (refused)", shard
         )
+    if not path.parts or basename.endswith("/"):  # '.', './', 'a/': joined to the root, a folder, not a file
+        raise IndexFormatError(file, f"shard basename {basename!r} names a folder, not a shard file", shard)
     return basename
 
 
@@ -228,6 +235,7 @@ class ShardEntry:
                  for key in _FILE_KEYS}
         if files["raw_data"] is None:
             raise _fail(file, shard, "raw_data must describe the shard file")
+        _check_fits(samples, files["raw_data"] if fmt == "mds" else files["raw_meta"], file, shard)
         if bool(obj["compression"]) != (files["zip_data"] is not None):
             raise _fail(file, shard, "zip_data must be given exactly when compression is set")
         names, encodings, sizes = _columns(obj, fmt, file, shard)
@@ -240,6 +248,16 @@ class ShardEntry:
                    column_names=names, column_encodings=encodings, column_sizes=sizes,
                    raw_meta=files["raw_meta"], zip_meta=files["zip_meta"], newline=obj.get("newline"),
                    separator=obj.get("separator"))
+
+
+def _check_fits(samples: int, header: FileInfo | None, file: str, shard: int | None) -> None:
+    """`samples` fits the file holding the shard's offsets (the MDS file, a text shard's meta file): a u32
+    count, then a u32 offset per sample and one more, so at most (bytes - 8) // 4 samples. Checked before
+    any reader sizes arrays or plans by the count; a text entry without a meta file has no such bound."""
+    if header is None or samples <= (capacity := max(0, (header.bytes - 8) // 4)):
+        return
+    raise _fail(file, shard, f"samples is {samples}, but {header.basename!r} of {header.bytes} bytes holds at "
+                f"most {capacity} (4 bytes of offset each): the count or the size in index.json is wrong")
 
 
 def _columns(obj: dict[str, Any], fmt: str, file: str, shard: int | None) -> tuple[list, list, list]:
@@ -283,17 +301,10 @@ class DatasetIndex:
         return json.dumps(obj, sort_keys=True)
 
     def inconsistencies(self, file: str) -> list[InconsistentIndex]:
-        """What makes the entries wrong as a whole; each error names `file`, the shard and the basename."""
+        """What makes the entries wrong as a whole; each error names `file`, the shard and the basename.
+        (A file listed twice never gets this far: `from_json` refuses it at its second entry.)"""
         found: list[InconsistentIndex] = []
-        owner: dict[str, int] = {}
         for shard, entry in enumerate(self.shards):
-            for info in entry.files:
-                key = shard_key(info.basename)
-                first = owner.setdefault(key, shard)
-                if first != shard:
-                    found.append(InconsistentIndex(file, f"{info.basename!r} is listed again (first by shard "
-                                                   f"{first}): its samples would be read twice; remove the "
-                                                   "duplicate entry", shard))
             if entry.samples == 0 and entry.raw_data.bytes > entry.empty_size():
                 found.append(InconsistentIndex(file, f"samples is 0 but {entry.raw_data.basename!r} has "
                                                f"{entry.raw_data.bytes} bytes (an empty shard has "
@@ -306,7 +317,8 @@ class DatasetIndex:
         """Parse and validate index.json text; IndexFormatError names `file` (and the shard) on errors.
 
         `strict=False` accepts entries that are wrong only as a whole (see `inconsistencies`), for tools
-        that report every problem of a dataset rather than stop at the first.
+        that report every problem of a dataset rather than stop at the first; a file listed twice is
+        refused in both modes, at its second entry.
         """
         try:
             obj = json.loads(text)
@@ -318,7 +330,10 @@ class DatasetIndex:
             raise IndexFormatError(file, 'expected an object with a "shards" list')
         if obj.get("version") != 2:
             raise IndexFormatError(file, f"unsupported index version {_short(obj.get('version'))} (expected 2)")
-        shards = [ShardEntry.from_json(entry, file, i) for i, entry in enumerate(obj["shards"])]
+        shards: list[ShardEntry] = []
+        owner: dict[str, int] = {}  # store key -> the first shard naming it
+        for i, raw in enumerate(obj["shards"]):
+            shards.append(_claim_files(ShardEntry.from_json(raw, file, i), i, owner, file))
         if sum(entry.samples for entry in shards) > MAX_TOTAL_SAMPLES:
             raise IndexFormatError(file, f"shards' samples add up to more than {MAX_TOTAL_SAMPLES}")
         extensions = {k: v for k, v in obj.items() if k not in ("shards", "version")}
@@ -327,3 +342,14 @@ class DatasetIndex:
         if problems:
             raise problems[0]
         return index
+
+
+def _claim_files(entry: ShardEntry, shard: int, owner: dict[str, int], file: str) -> ShardEntry:
+    """`entry`, once none of its files is one an earlier entry named (recorded in `owner`); else the
+    InconsistentIndex naming the file and the first shard that listed it."""
+    for info in entry.files:
+        first = owner.setdefault(shard_key(info.basename), shard)
+        if first != shard:
+            raise InconsistentIndex(file, f"{info.basename!r} is listed again (first by shard {first}): its "
+                                    "samples would be read twice; remove the duplicate entry", shard)
+    return entry
