@@ -17,6 +17,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
+from collections.abc import Callable
 
 import typer
 import yaml
@@ -38,6 +40,7 @@ from tessera.stream.world import resolve_world
 from tessera.train.parallel import ParallelismError, resolve_plan
 
 CONTEXT = {"allow_extra_args": True, "ignore_unknown_options": False}
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # .../tessera/
 
 
 def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipped one: "
@@ -91,18 +94,36 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
         raise typer.Exit(_launch(nproc, recipe, overrides or [], debug))
     from tessera.llm.train_run import DataUnavailable  # torch is imported only when training
     from tessera.llm.train_run import train as run
+    from tessera.train.checkpoint import CheckpointError
     from tessera.train.nonfinite import NonFiniteError
 
     logging.basicConfig(level=logging.WARNING, format="[%(name)s] %(message)s")
     logging.getLogger("tessera").setLevel(logging.INFO)  # resumption, checkpoints: what users look for
 
+    default_format, warnings.formatwarning = warnings.formatwarning, _one_line(warnings.formatwarning)
     try:
         code = run(cfg)
     except RecipeError as exc:
         fail(exc, code=2, debug=debug)
-    except (ValueError, OSError, StorageError, ShardError, DataUnavailable, NonFiniteError) as exc:
-        fail(exc, code=1, debug=debug)
+    except (ValueError, OSError, StorageError, ShardError, DataUnavailable, NonFiniteError, CheckpointError) as exc:
+        fail(exc, code=1, debug=debug)  # CheckpointError: autoresume found checkpoints but none is usable
+    finally:
+        warnings.formatwarning = default_format
     raise typer.Exit(code)
+
+
+def _one_line(default: Callable[..., str]) -> Callable[..., str]:
+    """A `warnings.formatwarning` that prints Tessera's own warnings (a damaged checkpoint skipped, a changed
+    batch size) as `warning: MESSAGE`, one line each: the file, line and source line Python adds point
+    into Tessera's code, of no use to the user. Other libraries' warnings keep `default`'s format."""
+
+    def formatwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      line: str | None = None) -> str:
+        if filename.startswith(_PACKAGE):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    return formatwarning
 
 
 def _job_world() -> tuple[int, int]:

@@ -30,10 +30,11 @@ points `latest` at the new folder. Retention runs last. At most one save is in f
 waits for the previous one and re-raises its error, as does `wait`.
 
 Load: the pointer's target first, then every other folder newest first. A candidate is used only if
-its manifest exists and every file it names has the right size and xxh64 hash; otherwise a
-`CheckpointWarning` names the folder and the reason, and the previous one is tried. If nothing was
-ever committed (no pointer, no manifest: every folder is a save killed before its commit), `latest`
-warns and starts from the beginning rather than failing on every restart. Under several ranks, rank 0
+its manifest exists and every file it names has the right size and xxh64 hash; otherwise the previous
+one is tried, and once one loads a `CheckpointWarning` per skipped folder names it and the reason. If
+none loads, `latest` raises one `CheckpointCorrupt` listing every folder tried and why (no warnings
+before it). If nothing was ever committed (no pointer, no manifest: every folder is a save killed before
+its commit), `latest` warns and starts from the beginning rather than failing on every restart. Under several ranks, rank 0
 picks the candidates and all ranks agree (all_reduce) before loading, so every rank resumes from the
 same checkpoint.
 

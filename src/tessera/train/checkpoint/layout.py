@@ -61,6 +61,15 @@ class CheckpointNotFound(CheckpointError):
     """There is no checkpoint where one was expected."""
 
 
+def none_usable(url: str, refused: list[str]) -> CheckpointCorrupt:
+    """The error of an autoresume that found checkpoints under `url` but could use none: every one tried
+    and why it was refused (`refused`, newest first), and the ways on. Refusing, rather than starting
+    afresh, keeps a damaged bucket from silently costing the run its progress."""
+    return CheckpointCorrupt(f"{url}: no usable checkpoint; tried {len(refused)}: {'; '.join(refused)}. Delete "
+                             f"the damaged checkpoints (or the folder) to start afresh, or train with "
+                             f"autoresume=false or another save_folder", url)
+
+
 class CheckpointWarning(UserWarning):
     """A checkpoint was skipped (partial, damaged or missing) and an older one is used instead."""
 
@@ -138,11 +147,17 @@ class CheckpointManifest:
     def from_json(cls, data: bytes, url: str) -> CheckpointManifest:
         try:
             body = json.loads(data)
+        except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+            raise CheckpointCorrupt(f"{url}: unreadable manifest: not JSON ({exc})", url) from None
+        try:
             files = [ManifestEntry(str(e["key"]), int(e["size"]), str(e[HASH])) for e in body["files"]]
-            manifest = cls(name=str(body["name"]), timestamp=dict(body["timestamp"]),
+            timestamp = {str(unit): int(count) for unit, count in dict(body["timestamp"]).items()}
+            manifest = cls(name=str(body["name"]), timestamp=timestamp,
                            world_size=int(body["world_size"]), sharded=bool(body["sharded"]), files=files,
                            created=str(body.get("created", "")), format=str(body["format"]))
-        except (ValueError, KeyError, TypeError) as exc:
+        except KeyError as exc:
+            raise CheckpointCorrupt(f"{url}: unreadable manifest: no {exc} key", url) from None
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:
             raise CheckpointCorrupt(f"{url}: unreadable manifest ({exc})", url) from None
         if manifest.format != FORMAT:
             raise CheckpointCorrupt(f"{url}: unknown checkpoint format {manifest.format!r} "

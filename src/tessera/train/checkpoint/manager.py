@@ -52,6 +52,7 @@ from tessera.train.checkpoint.layout import (
     make_done,
     meta_json,
     newest_first,
+    none_usable,
     rank_file,
     read_pointer,
     resume_order,
@@ -310,24 +311,29 @@ class CheckpointManager:
     def _load_newest(self, store: Store, model: torch.nn.Module | None,
                      optimizers: Sequence[torch.optim.Optimizer], weights_only: bool,
                      strict: bool) -> dict[str, Any] | None:
-        candidates, committed = self._broadcast(resume_order(store, self._warn) if self.rank == 0 else None)
-        failures = []
+        """The newest checkpoint every rank verifies; None when nothing was ever committed. Warnings wait
+        for the outcome: one line per checkpoint skipped once one loads, one error if none does."""
+        notes: list[str] = []  # the pointer's, said only where the run goes on
+        candidates, committed = self._broadcast(resume_order(store, notes.append) if self.rank == 0 else None)
+        refused: list[tuple[str, str]] = []  # (name, why), newest first
         for name in candidates:
             try:
                 fetched = self._agreed_fetch(store, name, weights_only)
-            except CheckpointCorrupt as exc:
-                failures.append(f"{name}: {exc}")
-                self._warn(f"checkpoint {store.url_for(name)} is unusable ({exc}); trying the previous one")
+            except CheckpointCorrupt as exc:  # why, with the folder's URL shortened to its name
+                refused.append((name, str(exc).replace(store.url_for(name), name)))
                 continue
+            for message in notes + [f"checkpoint {store.url_for(skipped)} is unusable ({why}); resuming from "
+                                    f"{name}" for skipped, why in refused]:
+                self._warn(message)
             return self._materialize(fetched, model, optimizers, weights_only, strict)
-        if not candidates:
-            return None
-        if not committed:  # only saves that died before their commit (e.g. killed during the first one)
-            self._warn(f"{store.url}: no committed checkpoint, only partial ones ({'; '.join(failures)}); "
-                       f"starting from the beginning")
-            return None
-        raise CheckpointCorrupt(f"{store.url}: no usable checkpoint ({'; '.join(failures)}). Fix or delete "
-                                f"them, or start without autoresume", store.url)
+        if candidates and committed:
+            raise none_usable(store.url, [why for _, why in refused])
+        for message in notes:
+            self._warn(message)
+        if candidates:  # only saves that died before their commit (e.g. killed during the first one)
+            self._warn(f"{store.url}: no committed checkpoint, only partial ones "
+                       f"({'; '.join(why for _, why in refused)}); starting from the beginning")
+        return None
 
     def _agreed_fetch(self, store: Store, name: str, weights_only: bool) -> _Fetched:
         """Download and verify on every rank; succeed only if every rank succeeded."""
