@@ -76,7 +76,7 @@ class Recorder(Callback):
         ids = sorted(set(model.seen))
         model.seen.clear()
         line = {"step": trainer.timestamp.batch, "loss": metrics.get("train/loss"), "ids": ids, "pid": os.getpid(),
-                "microbatch": trainer.microbatch.size, "lr": metrics.get("lr/opt0")}
+                "microbatch": trainer.microbatch.current, "lr": metrics.get("lr/opt0")}
         with open(self.path, "a") as out:
             out.write(json.dumps(line) + "\n")
         if trainer.timestamp.batch == self.kill_at:
