@@ -318,3 +318,20 @@ def test_a_cached_index_is_used_when_the_remote_has_none(data: dict[str, Path], 
     assert values(ds[:]) == want == list(range(40))
     with pytest.raises(DatasetNotFound, match="no index.json; is the remote URL right"):
         StreamingDataset(remote=str(remote), local=str(tmp_path / "other"))
+
+
+def test_one_relative_remote_in_two_folders_is_two_caches(data: dict[str, Path], tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`./data` in two project folders names two datasets: the default cache folder follows the absolute
+    path, so the second never reads the first one's index or its equally sized shards."""
+    for name, source in (("a", data["seq"]), ("b", data["zstd"])):
+        shutil.copytree(source, tmp_path / name / "data")
+    monkeypatch.chdir(tmp_path / "a")
+    first = StreamingDataset(remote="./data")
+    monkeypatch.chdir(tmp_path / "b")
+    second = StreamingDataset(remote="./data")
+    assert first.streams[0].local != second.streams[0].local
+    (tmp_path / "c" / "data").mkdir(parents=True)  # a third folder with no dataset: no other cache stands in
+    monkeypatch.chdir(tmp_path / "c")
+    with pytest.raises(DatasetNotFound):
+        StreamingDataset(remote="./data")

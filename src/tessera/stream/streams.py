@@ -58,8 +58,12 @@ class Stream:
 
 
 def default_local(remote: str) -> str:
-    """A cache folder per remote, so two datasets never share shard names."""
-    digest = hashlib.sha1(remote.encode()).hexdigest()[:16]
+    """A cache folder per remote, so two datasets never share shard names. A local remote is named by its
+    absolute path: `./data/mds` in two project folders are two datasets, and their equally sized shards
+    must not be taken for each other's."""
+    parsed = parse_url(remote)
+    key = str(Path(parsed.prefix).resolve()) if parsed.is_local else remote
+    digest = hashlib.sha1(key.encode()).hexdigest()[:16]
     return os.path.join(tempfile.gettempdir(), "tessera-cache", digest)
 
 
@@ -108,8 +112,11 @@ class LoadedStream:
 
     @property
     def local(self) -> str:
-        """The cache folder (without the split), as MosaicML's `Stream.local`."""
-        return self.spec.local or default_local(self.spec.remote)  # type: ignore[arg-type]
+        """The cache folder (without the split), as MosaicML's `Stream.local`: the one chosen when the stream
+        was loaded (a relative remote's default cache follows the folder the dataset was made in)."""
+        if self.spec.local:
+            return self.spec.local
+        return str(self.local_root.parent if self.spec.split else self.local_root)
 
     def open_reader(self, shard: int, path: Path, columns: list[str] | None,
                     allow_unsafe_types: bool) -> ShardReader:
@@ -164,7 +171,9 @@ def read_index(remote: Store) -> bytes:
 def fetch_index(remote: Store, local_root: Path, label: str) -> bytes:
     """index.json fresh from the remote, cached in `local_root`. When the remote has none or cannot be
     read, an index.json cached by an earlier start is used, with a warning (MosaicML always uses a
-    cached one); cached shards are used only where they match its entries, as always (cache.py)."""
+    cached one); cached shards are used only where they match its entries, as always (cache.py). The
+    default cache folder is named by the remote's absolute location (`default_local`), so it only ever
+    holds what that remote served."""
     cached = local_root / INDEX_BASENAME
     try:
         raw = read_index(remote)
