@@ -56,7 +56,7 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
         algos = [h.strip() for h in hashes.split(",")] if hashes else None
         # auto_refresh=False: no refresh thread, so `convert` may fork its workers (see `start_method`)
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err, auto_refresh=False) as bar:
+                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err, auto_refresh=False, transient=True) as bar:  # the summary line stays
             task = bar.add_task("converting (chunks)", total=None, rate="")
 
             def progress(samples: int, chunks: int) -> None:

@@ -1,8 +1,9 @@
 """`verify_dataset`: check every shard of a dataset (files present, sizes, hashes, structure, decoding).
 
 Problems are collected, not raised one at a time: a user repairing a dataset wants the whole list, so
-index entries that readers refuse as a whole (a file listed twice, `samples: 0` hiding samples) are
-listed too, and the shards are still checked. Where `convert` recorded which input rows each shard holds
+index entries that readers refuse as a whole (`samples: 0` hiding samples) are listed too, and the shards
+are still checked. An index that cannot be read at all (a file listed twice, a sample count its shard's
+bytes cannot hold: index.py refuses it as it parses) is one error. Where `convert` recorded which input rows each shard holds
 (provenance.py), rows stored in two shards are problems too: every file is sound, yet readers would see
 those samples twice.
 """
