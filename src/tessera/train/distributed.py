@@ -181,8 +181,8 @@ def destroy_group(group: dist.ProcessGroup | None) -> None:
 
 def destroy() -> None:
     """Leave the default process group (and any group still left) last, after the objects that hold
-    groups are released: cycles among them (a trainer and its schedulers) are collected first, so their
-    groups end now and not among the destructors of interpreter exit."""
+    groups are released: garbage cycles that hold one (a trainer and its schedulers) are collected first,
+    so the groups only they held end here and not among the destructors of interpreter exit."""
     gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

@@ -6,9 +6,9 @@
     return stop.exit_code(trainer)       # 0 when the run reached max_duration, else 128 + the signal
 
 The process then exits 143 (SIGTERM) or 130 (SIGINT), so a supervisor tells a requested stop from a
-finished run, and the same command resumes from the checkpoint. A second Ctrl-C ends the process at once,
-by SIGINT's default action: nothing more is saved (a save in flight is not committed, so resuming takes
-the one before). Every rank of a job must stop after the same step (a rank that stopped alone would
+finished run, and the same command resumes from the checkpoint. A second Ctrl-C (or a SIGTERM after the
+Ctrl-C) ends the process at once, by the signal's default action: nothing more is saved (a save in flight
+is not committed, so resuming takes the one before). Every rank of a job must stop after the same step (a rank that stopped alone would
 leave the others waiting in a collective), so the handler only notes the request
 (`Trainer.request_stop`) and the ranks agree on it with the step's sample counts. Under torchrun the
 launcher forwards the signal to every rank (`tessera.train.launch`). A SIGINT ignored when the process
@@ -38,8 +38,9 @@ class StopSignals:
 
     def handle(self, signum: int, _frame: FrameType | None) -> None:
         """Runs on the main thread between two bytecodes: it only sets flags and writes one line."""
-        if signum == signal.SIGINT:
-            signal.signal(signal.SIGINT, signal.SIG_DFL)  # a second Ctrl-C: the default action, at once
+        if signum == signal.SIGINT:  # what follows a Ctrl-C has its default action, at once: a second Ctrl-C,
+            signal.signal(signal.SIGINT, signal.SIG_DFL)  # or the SIGTERM torchrun sends its ranks when a
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # second Ctrl-C ends its wait for them
         if not self.received and self.trainer.rank == 0:
             os.write(2, f"\n{_NOTICE.get(signum, 'stopping after this step')}\n".encode())  # no logging locks
         self.received.append(signum)
