@@ -8,11 +8,13 @@
 The process then exits 143 (SIGTERM) or 130 (SIGINT), so a supervisor tells a requested stop from a
 finished run, and the same command resumes from the checkpoint. A second Ctrl-C (or a SIGTERM after the
 Ctrl-C) ends the process at once, by the signal's default action: nothing more is saved (a save in flight
-is not committed, so resuming takes the one before). Every rank of a job must stop after the same step (a rank that stopped alone would
-leave the others waiting in a collective), so the handler only notes the request
-(`Trainer.request_stop`) and the ranks agree on it with the step's sample counts. Under torchrun the
-launcher forwards the signal to every rank (`tessera.train.launch`). A SIGINT ignored when the process
-started (a background job of a shell script) stays ignored.
+is not committed, so resuming takes the one before).
+
+Every rank of a job must stop after the same step (a rank that stopped alone would leave the others
+waiting in a collective), so the handler only notes the request (`Trainer.request_stop`) and the ranks
+agree on it with the step's sample counts. Under torchrun the launcher forwards the signal to every rank
+(`tessera.train.launch`). A SIGINT ignored when the process started (a background job of a shell script)
+stays ignored.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ import os
 import signal
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tessera.train.trainer import Trainer
 
 _NOTICE = {signal.SIGINT: "Ctrl-C: stopping after this step with a checkpoint (Ctrl-C again aborts at once, "
                           "without one)",
@@ -32,7 +37,7 @@ _NOTICE = {signal.SIGINT: "Ctrl-C: stopping after this step with a checkpoint (C
 class StopSignals:
     """The signals this run received (`received`), and what the process exits with."""
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
         self.received: list[int] = []
 
@@ -46,7 +51,7 @@ class StopSignals:
         self.received.append(signum)
         self.trainer.request_stop()
 
-    def exit_code(self, trainer: Any) -> int:
+    def exit_code(self, trainer: Trainer) -> int:
         """0 when the run reached its max_duration (a signal during the final save changes nothing), else
         128 + the first signal when one stopped it."""
         finished = trainer.timestamp.get(trainer.max_duration.unit) >= trainer.max_duration
@@ -54,7 +59,7 @@ class StopSignals:
 
 
 @contextlib.contextmanager
-def stop_on_signals(trainer: Any) -> Iterator[StopSignals]:
+def stop_on_signals(trainer: Trainer) -> Iterator[StopSignals]:
     """SIGTERM and SIGINT request a checkpoint and a stop while the block runs (module docstring); the
     previous handlers come back after it."""
     stop = StopSignals(trainer)
