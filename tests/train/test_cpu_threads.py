@@ -43,13 +43,18 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
-def test_an_oversubscribed_cpu_drops_to_one_thread_once(monkeypatch: pytest.MonkeyPatch, restore_threads,
-                                                         caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def busy_two_cores(monkeypatch: pytest.MonkeyPatch, restore_threads) -> None:
+    """Two usable cores under a 1-minute load of 9, no thread variables set, torch at its default of 2."""
     for name in cpu_threads.THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 5.0, 3.0))
     torch.set_num_threads(2)
+
+
+def test_an_oversubscribed_cpu_drops_to_one_thread_once(monkeypatch: pytest.MonkeyPatch, busy_two_cores,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING, logger="tessera.train.cpu_threads"):
         cpu_threads.limit_threads_if_oversubscribed(torch.device("cpu"))
     assert torch.get_num_threads() == 1
@@ -76,13 +81,8 @@ def test_threads_for_resume(saved: int | None, current: int, chosen: bool, expec
     assert cpu_threads.threads_for_resume(saved, current, chosen) == expected
 
 
-def test_a_resumed_cpu_run_takes_the_saved_count_whatever_the_load(monkeypatch: pytest.MonkeyPatch, restore_threads,
+def test_a_resumed_cpu_run_takes_the_saved_count_whatever_the_load(busy_two_cores,
                                                                     caplog: pytest.LogCaptureFixture) -> None:
-    for name in cpu_threads.THREAD_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(cpu_threads, "available_cores", lambda: 2)
-    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 5.0, 3.0))
-    torch.set_num_threads(2)
     assert cpu_threads.choose_threads(torch.device("cpu"), None) == 1  # busy at this start
     cpu_threads.resume_threads(torch.device("cpu"), 2, chosen=False)  # the run began with 2
     assert torch.get_num_threads() == 2
