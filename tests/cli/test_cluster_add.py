@@ -56,3 +56,14 @@ def test_describe_does_not_wait_for_a_silent_slurmctld(tmp_path: Path, monkeypat
     result = runner.invoke(app, ["cluster", "describe", "hpc"])
     assert result.exit_code == 0, result.output
     assert "did not answer within" in result.output and "slurmctld" in result.output
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("c" * 300, f"cluster name '{'c' * 32}...' is 300 characters long; at most 63 are allowed"),
+    ("Big_Box", "cluster name 'Big_Box' must be 1-63 characters of a-z, 0-9, '-', '_', '.', starting and ending "
+                "with a letter or digit"),
+])
+def test_a_cluster_name_out_of_bounds_is_a_usage_error_in_one_line(name: str, message: str) -> None:
+    result = runner.invoke(app, ["cluster", "add", name, "--type", "local"])
+    assert result.exit_code == 2 and error_line(result) == f"error: {message}"
+    assert runner.invoke(app, ["cluster", "add", "c" * 63, "--type", "local"]).exit_code == 0   # the bound itself

@@ -205,13 +205,14 @@ def test_metrics_are_read_incrementally_from_the_run_folder(platform: Platform, 
 
 def test_a_line_longer_than_the_read_limit_is_skipped(tmp_path: Path) -> None:
     from tessera.platform.metrics import read_metrics
+    from tessera.platform.redaction import Redactor
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n' + "x" * 100 + '\n{"step": 2}\n')
-    rows, offset = read_metrics(tmp_path, 0, limit=40)
+    rows, offset = read_metrics(tmp_path, Redactor([]), 0, limit=40)
     assert rows == [{"step": 1}]
     seen = []
     while True:
-        more, offset = read_metrics(tmp_path, offset, limit=40)
+        more, offset = read_metrics(tmp_path, Redactor([]), offset, limit=40)
         if not more and offset == (tmp_path / "metrics.jsonl").stat().st_size:
             break
         seen += more

@@ -37,7 +37,7 @@ def test_submit_refuses_an_invalid_spec(platform: Platform, tmp_path: Path) -> N
     spec = tmp_path / "run.yaml"
     spec.write_text("name: x\ncommand: ls\nscheduling: {max_retires: 2}\n")
     done = tessera("run", "submit", "-f", str(spec), ok=False)
-    assert done.returncode == 1 and "did you mean 'max_retries'" in done.stderr
+    assert done.returncode == 2 and "did you mean 'max_retries'" in done.stderr   # a usage error
     spec.write_text("name: x\ncommand: ls\nsecrets: [nope]\n")
     assert "nope" in tessera("run", "submit", "-f", str(spec), ok=False).stderr
     assert tessera("run", "list", "--json").stdout == ""

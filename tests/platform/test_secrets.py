@@ -3,20 +3,29 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import math
+import re
 import stat
 import sys
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 import pytest
 from cryptography.fernet import Fernet
+from hypothesis import given
+from hypothesis import strategies as st
 from test_secret_types import isolated_home
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
 from tessera.platform import Platform, SecretError
+from tessera.platform.redaction import MIN_BASE64_LEN, REDACTED, Redactor
 from tessera.platform.secret_crypto import _create_key_file
-from tessera.platform.secrets import SecretStore
+from tessera.platform.secret_types import MAX_FILENAME_BYTES
+from tessera.platform.secrets import FileSecret, SecretInputError, SecretStore
+from tessera.platform.spec_schema import shorten
 
 ENV_VALUE = "tok-8c1f2e9d7b"
 S3_SECRET = "s3-secret-5a4b3c2d1e"
@@ -174,3 +183,78 @@ def test_secrets_are_injected_and_never_shown(platform: Platform, tmp_path: Path
     assert not list(platform.home.rglob("secrets.json")) and not list((platform.home / "runs").rglob("secrets"))
     leftover = b"".join(p.read_bytes() for p in platform.home.rglob("*") if p.is_file() and p.suffix != ".log")
     assert not [v for v in VALUES if v.encode() in leftover]
+
+
+# --- the mask's forms: URL-encoded, base64, API keys (redaction.py) -----------------------------------
+
+_VALUE = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), min_size=MIN_BASE64_LEN, max_size=24)
+_BYTES = st.binary(max_size=6)
+
+
+def _survivors(masked: str) -> int:
+    return len(masked) - len(REDACTED) * masked.count(REDACTED)
+
+
+@given(_VALUE, _BYTES, _BYTES)
+def test_a_value_is_masked_url_encoded_and_inside_base64_text(value: str, before: bytes, after: bytes) -> None:
+    """Inside base64 text, whatever its byte alignment and alphabet, what survives the mask is at most the
+    characters that also carry the neighbouring bytes' bits (and padding): too few to hold the value."""
+    redact = Redactor([value])
+    for encode in (base64.b64encode, base64.urlsafe_b64encode):
+        text = encode(before + value.encode() + after).decode()
+        masked = redact(text)
+        assert REDACTED in masked
+        assert _survivors(masked) <= math.ceil(len(before) * 4 / 3) + math.ceil(len(after) * 4 / 3) + 4, masked
+    lower_hex = re.sub(r"%[0-9A-F]{2}", lambda m: m.group().lower(), quote(value, safe=""))
+    for encoded in (quote(value, safe=""), quote_plus(value), lower_hex):
+        masked = redact(f"?a=1&token={encoded}&b=2")
+        assert encoded not in masked and value not in masked and REDACTED in masked
+
+
+@given(st.text("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-", min_size=43, max_size=43),
+       _BYTES, _BYTES)
+def test_api_keys_are_masked_by_their_prefix_in_every_form(body: str, before: bytes, after: bytes) -> None:
+    key = "tsk_" + body
+    redact = Redactor([])                     # not a stored secret: found by its prefix
+    assert redact(f"Bearer {key}.") == "Bearer tsk_****."
+    assert redact(f"api_key={key.replace('_', '%5F')}&x") == "api_key=tsk%5F****&x"
+    assert redact(f"api_key={key.replace('_', '%5f').replace('-', '%2D')} x") == "api_key=tsk%5f**** x"
+    masked = redact(base64.b64encode(before + f"Authorization: Bearer {key}".encode() + after).decode())
+    assert masked.rstrip("=").endswith(REDACTED)       # from the key to the end of the text (but its padding)
+    assert _survivors(masked) <= math.ceil((len(before) + 22) * 4 / 3) + 3
+
+
+def test_metrics_rows_are_masked_as_log_lines_are() -> None:
+    """Strings anywhere in a row (keys too); a number whose text is a secret; other numbers kept exactly."""
+    redact = Redactor([ENV_VALUE, "31415926"])
+    row = {"step": 3, "loss": 0.25, "note": f"token {ENV_VALUE}", ENV_VALUE: 1.5, "pin": 31415926,
+           "nested": [{"url": quote(ENV_VALUE)}, 314159260, True, None]}
+    assert redact.json(row) == {"step": 3, "loss": 0.25, "note": "token ****", "****": 1.5, "pin": "****",
+                                "nested": [{"url": "****"}, 314159260, True, None]}
+
+
+def test_a_file_name_too_long_for_a_file_is_refused_and_a_stored_one_fails_its_run_in_one_line(
+        platform: Platform, tmp_path: Path) -> None:
+    """A name is bounded when a secret is made; a record an earlier version took (300 bytes: no file system
+    can write it) still lists, and the run that uses it FAILS saying why (it stayed PENDING forever)."""
+    fields = {"env_var": "KEY_FILE", "content": b"file-secret-line-77e0f\n"}
+    platform.secrets.create("file", "edge", filename="f" * MAX_FILENAME_BYTES, **fields)     # the bound itself
+    for filename, size in (("f" * 300, 300), ("é" * 65, 130)):
+        with pytest.raises(SecretInputError) as caught:
+            platform.secrets.create("file", "long", filename=filename, **fields)
+        assert str(caught.value) == (f"invalid file secret 'long': filename: file name {shorten(filename)!r} is "
+                                     f"{size} bytes long; at most 128 are allowed (it is written as a file in the "
+                                     "run's folder)")
+    name = "a" * 300
+    result = CliRunner().invoke(app, ["secret", "create", "env", name, "--from-env", "HOME"])
+    assert result.exit_code == 2 and result.output == (
+        f"error: invalid env secret '{'a' * 32}...': name: secret name '{'a' * 32}...' is 300 characters long; at "
+        "most 63 are allowed\n")
+
+    platform.secrets.add(FileSecret.model_validate({"name": "long", "filename": "f" * 300, **fields}))
+    assert [i.name for i in platform.secrets.list()] == ["edge", "long"]
+    platform.create_run({"name": "uses-long", "command": "true", "secrets": ["long"]})
+    run = platform.wait_for_run_status("uses-long", ("FAILED", "COMPLETED"), timeout=30)
+    assert (run.status, run.first_error) == ("FAILED", "cannot start on local: secret 'long': its file name (300 "
+                                             "bytes) is too long to be written; create the secret again with a "
+                                             "shorter one")

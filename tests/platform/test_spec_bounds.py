@@ -64,3 +64,24 @@ def test_durations_are_accepted_up_to_their_limit(key: str, limit: float) -> Non
     with pytest.raises(SpecError, match=rf"scheduling\.{key}: duration .* is longer than the "
                                         rf"{format_duration(limit)} allowed"):
         parse_spec(spec_with("scheduling", key, limit + 1))
+
+
+def test_a_run_name_over_the_bound_names_the_value_and_the_bound(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """In the spec's error, and from `tessera run submit` as a usage error (exit 2), before any run exists."""
+    from typer.testing import CliRunner
+
+    from tessera.cli.run import app
+
+    long = "r" * 300
+    with pytest.raises(SpecError) as caught:
+        parse_spec(f"name: {long}\ncommand: ls\n")
+    assert str(caught.value).splitlines()[1:] == [
+        f"  - name: run name '{'r' * 32}...' is 300 characters long; at most 63 are allowed"]
+    assert parse_spec(f"name: {'r' * 63}\ncommand: ls\n").name == "r" * 63
+    monkeypatch.setenv("TESSERA_HOME", str(tmp_path / "home"))
+    for var in ("TESSERA_API_URL", "TESSERA_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "run.yaml").write_text(f"name: {long}\ncommand: ls\n")
+    result = CliRunner().invoke(app, ["submit", "-f", str(tmp_path / "run.yaml")])
+    assert result.exit_code == 2 and "is 300 characters long; at most 63 are allowed" in result.output
+    assert not (tmp_path / "home" / "runs").exists()

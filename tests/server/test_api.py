@@ -4,13 +4,17 @@ limit, secrets that never come back, the audit log and the database's migrations
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
+import json
 import os
 import sqlite3
 import subprocess
+import sys
 import time
 from pathlib import Path
+from urllib.parse import quote, quote_plus
 
 import httpx
 import pytest
@@ -143,11 +147,14 @@ def test_audit_names_who_did_what_per_team(server, hello_run) -> None:  # type: 
 def test_keys_are_stored_hashed_and_kept_out_of_the_access_log(server) -> None:  # type: ignore[no-untyped-def]
     key = server.keys["bob"]
     assert httpx.get(f"{server.url}/?api_key={key}").status_code == 200   # the console's login link
+    encoded = key.replace("_", "%5F")                                      # as some clients write it
+    assert httpx.get(f"{server.url}/?api_key={encoded}").status_code == 200
     deadline = time.monotonic() + 5
-    while "GET /?api_key=tsk_**** HTTP/1.1" not in server.log.read_text():
+    while "GET /?api_key=tsk%5F**** HTTP/1.1" not in server.log.read_text():
         assert time.monotonic() < deadline, server.log.read_text()[-2000:]
         time.sleep(0.05)
-    assert key not in server.log.read_text()
+    assert "GET /?api_key=tsk_**** HTTP/1.1" in server.log.read_text()
+    assert key not in server.log.read_text() and encoded not in server.log.read_text()
     stored = b"".join(p.read_bytes() for p in server.home.glob("server.db*"))
     assert key.encode() not in stored
     with sqlite3.connect(server.home / "server.db") as db:
@@ -233,3 +240,66 @@ def test_list_bounds_are_refused_in_one_line(server, query) -> None:  # type: ig
     with server.client("alice") as alice:
         answer = alice.get("runs", params=query)
     assert answer.status_code in (400, 422) and "\n" not in answer.json()["detail"]
+
+
+def test_names_are_bounded_at_creation_in_one_line(server) -> None:  # type: ignore[no-untyped-def]
+    """A 300-character name of a secret, a cluster or a run, and a 300-byte file name of a file secret
+    (whose run stayed PENDING forever): 422, one line naming the value and the bound; nothing is made."""
+    long, start = "a" * 300, f"'{'a' * 32}...'"
+    with server.client("alice") as alice:
+        answers = {
+            "secret": alice.post("secrets", json={"type": "env", "name": long, "values": {"A": "b"}}),
+            "cluster": alice.post("clusters", json={"name": long, "type": "local"}),
+            "run": alice.post("runs", json={"spec": {"name": long, "command": "true"}}),
+            "file": alice.post("secrets", json={"type": "file", "name": "f", "filename": long, "env_var": "F",
+                                                "content": "aGk="}),
+        }
+        assert {what: (a.status_code, a.json()["detail"]) for what, a in answers.items()} == {
+            "secret": (422, f"name: secret name {start} is 300 characters long; at most 63 are allowed"),
+            "cluster": (422, f"name: cluster name {start} is 300 characters long; at most 63 are allowed"),
+            "run": (422, f"run spec is invalid: - name: run name {start} is 300 characters long; at most 63 are "
+                         "allowed"),
+            "file": (422, f"invalid file secret 'f': filename: file name {start} is 300 bytes long; at most 128 "
+                          "are allowed (it is written as a file in the run's folder)"),
+        }
+        assert not {long, "f"} & {s["name"] for s in alice.get("secrets").json()["secrets"]}
+        assert long not in {c["name"] for c in alice.get("clusters").json()["clusters"]}
+        assert alice.post("clusters", json={"name": "c" * 63, "type": "local"}).status_code == 201   # the bound
+        assert alice.delete(f"clusters/{'c' * 63}").status_code == 204
+
+
+def test_metrics_and_logs_mask_secret_values_and_api_keys_in_every_form(server, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The run prints, and writes into its metrics, a secret's value as it is, URL-encoded and in base64,
+    and an API key (stored nowhere) as it is, URL-encoded (`tsk%5F...`) and in base64. The metrics endpoint
+    returned all of them; the logs hid only the plain value."""
+    value, key = "p@ss word/42+x", "tsk_" + "Q1w2E3r4T5y6U7i8O9p0_A1s2D3f4G5h6J7k8L9z0X1c"
+    script = tmp_path / "leak.py"
+    script.write_text(f"""import base64, json, os, urllib.parse
+value, key = os.environ["MIXED"], {key!r}
+forms = {{"raw": value, "url": urllib.parse.quote(value, safe=""), "plus": urllib.parse.quote_plus(value),
+         "b64": base64.b64encode(("user:" + value).encode()).decode(), "key": key,
+         "key_url": key.replace("_", "%5F"), "key_b64": base64.b64encode(("Bearer " + key).encode()).decode()}}
+for name, text in forms.items():
+    print(name + "=" + text)
+with open(os.environ["TESSERA_METRICS"], "a") as f:
+    f.write(json.dumps({{"step": 1, "loss": 0.5, **forms, value: 2}}) + "\\n")
+""")
+    with server.client("alice") as alice:
+        made = alice.post("secrets", json={"type": "env", "name": "mixed", "values": {"MIXED": value}})
+        assert made.status_code == 201, made.text
+        spec = {"name": "leaky-metrics", "command": f"{sys.executable} {script}", "secrets": ["mixed"]}
+        assert alice.post("runs", json={"spec": spec}).status_code == 201
+        assert server.wait_done("alice", "leaky-metrics")["status"] == "COMPLETED"
+        rows = alice.get("runs/leaky-metrics/metrics").json()["rows"]
+        logs = alice.get("runs/leaky-metrics/logs").text
+    user_b64 = base64.b64encode(b"user:").decode()[:6]          # 'dXNlcj': what the value's bytes leave alone
+    assert rows == [{"step": 1, "loss": 0.5, "raw": "****", "url": "****", "plus": "****",
+                     "b64": rows[0]["b64"], "key": "tsk_****", "key_url": "tsk%5F****",
+                     "key_b64": rows[0]["key_b64"], "****": 2}]
+    assert rows[0]["b64"].startswith(user_b64) and "****" in rows[0]["b64"] and len(rows[0]["b64"]) <= 16
+    assert rows[0]["key_b64"].startswith("QmVhcmVy") and rows[0]["key_b64"].rstrip("=").endswith("****")
+    assert logs.splitlines()[:6] == ["raw=****", "url=****", "plus=****", f"b64={rows[0]['b64']}",
+                                     "key=tsk_****", "key_url=tsk%5F****"]
+    assert logs.splitlines()[6] == f"key_b64={rows[0]['key_b64']}"
+    for leaked in (value, quote(value, safe=""), quote_plus(value), key, key.replace("_", "%5F"), key[4:]):
+        assert leaked not in logs and leaked not in json.dumps(rows)

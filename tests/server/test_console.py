@@ -302,3 +302,81 @@ def test_login_form_refuses_a_wrong_key_and_accepts_the_right_one(server, page) 
     page.locator("#logout-button").click()
     expect(page.locator("#login-form")).to_be_visible()
     assert page.evaluate("sessionStorage.getItem('tessera.apiKey')") is None
+
+
+def test_a_run_is_running_from_the_start_of_its_processes_everywhere(server, page, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The command prints nothing and writes no heartbeat: RUNNING comes from its processes alone, for the
+    run and its resumption, in the API, the CLI and the console (it was STARTING, the resumption QUEUED)."""
+    from typer.testing import CliRunner
+
+    from tessera.cli.run import app as run_app
+
+    started, go = tmp_path / "started", tmp_path / "go"
+    _submit(server, "silent", f"touch {started}; while [ ! -e {go} ]; do sleep 0.05; done")
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not started.exists():
+        assert time.monotonic() < deadline, _run(server, "silent")
+        time.sleep(0.05)
+    _wait_run(server, "silent", lambda run: run["status"] == "RUNNING"
+              and [r["status"] for r in run["resumptions"]] == ["RUNNING"])
+    log = Path(_run(server, "silent")["resumptions"][0]["folder"]) / "node-0.log"
+    assert log.read_bytes() == b""        # not a line yet: RUNNING did not wait for one
+    described = CliRunner().invoke(run_app, ["describe", "silent"], env={
+        "TESSERA_API_URL": str(server["url"]), "TESSERA_API_KEY": str(server["key"])}, terminal_width=200)
+    assert described.exit_code == 0, described.output
+    assert described.output.splitlines()[0].endswith(": RUNNING on local by alice")
+    row = next(line for line in described.output.splitlines() if "submitted" in line)
+    assert row.split("│")[-2].strip() == "RUNNING"          # the OUTCOME column of an unfinished resumption
+    page.goto(f"{server['url']}/?api_key={server['key']}#/runs/silent")
+    expect(page.locator("#run-status")).to_have_text("RUNNING", timeout=WAIT_MS)
+    expect(page.locator("#resumption-timeline .resumption-head")).to_have_text(
+        re.compile(r"^#0 RUNNING submitted on local$"), timeout=WAIT_MS)
+    go.touch()
+    _wait_run(server, "silent", lambda run: run["status"] == "COMPLETED")
+
+
+def test_the_runs_list_pages_through_the_api(server, page) -> None:  # type: ignore[no-untyped-def]
+    """12 runs named page-NN, 10 a page: Next shows the 2 oldest, Previous the 10 newest again."""
+    for i in range(12):
+        _submit(server, f"page-{i:02d}", "true")
+    page.goto(f"{server['url']}/?api_key={server['key']}")
+    page.locator("#run-search").fill("page-")
+    page.locator("#page-size").select_option("10")
+    names = page.locator("#runs-table tbody tr td:first-child")
+    newest = [f"page-{i:02d}" for i in range(11, 1, -1)]
+    expect(names).to_have_text(newest, timeout=WAIT_MS)
+    expect(page.locator("#runs-count")).to_have_text("1–10 of 12 runs")
+    expect(page.locator("#prev-page")).to_be_disabled()
+    page.locator("#next-page").click()
+    expect(names).to_have_text(["page-01", "page-00"], timeout=WAIT_MS)
+    expect(page.locator("#runs-count")).to_have_text("11–12 of 12 runs")
+    expect(page.locator("#next-page")).to_be_disabled()
+    page.locator("#prev-page").click()
+    expect(names).to_have_text(newest, timeout=WAIT_MS)
+    page.locator("#run-search").fill("page-1")                  # a new filter starts at the first page
+    expect(names).to_have_text(["page-11", "page-10"], timeout=WAIT_MS)
+    expect(page.locator("#runs-count")).to_have_text("2 runs")
+
+
+def test_api_docs_render_offline(server, page) -> None:  # type: ignore[no-untyped-def]
+    """/api/v1/docs with every request that leaves the server refused: the page's scripts and styles
+    are the server's own (from an installed package), so Swagger UI still draws the operations."""
+    outside: list[str] = []
+    origin = str(server["url"])
+
+    def only_the_server(route) -> None:  # type: ignore[no-untyped-def]
+        if route.request.url.startswith(origin):
+            route.continue_()
+        else:
+            outside.append(route.request.url)
+            route.abort()
+
+    page.route("**/*", only_the_server)
+    page.goto(f"{origin}/api/v1/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("Tessera control plane", timeout=WAIT_MS)
+    expect(page.locator(".opblock-summary-path[data-path='/api/v1/runs']").first).to_be_visible()
+    assert outside == []
+    html = httpx.get(f"{origin}/api/v1/docs", timeout=10).text
+    assert "http://" not in html and "https://" not in html
+    for asset in re.findall(r'(?:src|href)="(/[^"]+)"', html):
+        assert httpx.get(f"{origin}{asset}", timeout=10).status_code == 200, asset

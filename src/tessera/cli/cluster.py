@@ -13,6 +13,7 @@ from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
 from tessera.platform.client import RemotePlatform
 from tessera.platform.connection import connect
+from tessera.platform.spec import validate_name
 
 app = typer.Typer(help="Register clusters (local, slurm, kubernetes) and look at their nodes.", no_args_is_help=True)
 
@@ -49,6 +50,10 @@ def add(name: str = typer.Argument(..., help="Cluster name (used as compute.clus
                                             help="Slurm: the QOS for runs with scheduling.preemptible."),
         replace: bool = typer.Option(False, "--replace", help="Overwrite a cluster of the same name.")) -> None:
     """Register a cluster."""
+    try:   # here, before any server is asked: a bad name is a usage error (exit 2) locally and remotely
+        validate_name(name, "cluster name")
+    except ValueError as exc:
+        fail(exc, code=2)
     try:
         cfg = _platform().add_cluster(name, type_, replace=replace, partition=partition, account=account,
                                        slurm_conf=slurm_conf, master_addr=master_addr, python=python,

@@ -15,7 +15,7 @@ import yaml
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
-from tessera.platform import Platform, PlatformError
+from tessera.platform import Platform, PlatformError, RunExists, RunStateError, SpecError
 from tessera.platform.client import RemotePlatform
 from tessera.platform.connection import connect
 from tessera.platform.spec import format_duration
@@ -54,8 +54,8 @@ def submit(file: str = typer.Option(..., "-f", "--file", help="Run spec YAML."),
     platform = _platform()
     try:
         run = platform.create_run(file, cluster=cluster)
-    except PlatformError as exc:
-        fail(exc)
+    except PlatformError as exc:   # an invalid spec is a usage error (2); a taken name, a conflict (1)
+        fail(exc, code=2 if isinstance(exc, SpecError) and not isinstance(exc, RunExists | RunStateError) else 1)
     if as_json:
         typer.echo(json.dumps(platform.describe_run(run.name)))
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import socket
 import sys
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import PlatformError
+from tessera.platform.redaction import hide_api_keys
 from tessera.platform.server.accounts import Accounts
 from tessera.platform.server.settings import ServerSettings
 
@@ -29,7 +29,6 @@ app.add_typer(admin, name="admin")
 
 HOME_HELP = "Server home: server.db, secret.key, teams/<team>/ (default: $TESSERA_HOME/server)."
 T = TypeVar("T")
-_KEY = re.compile(r"tsk_[A-Za-z0-9_-]+")
 GRACEFUL_STOP = 3.0   # seconds open requests get to finish when the server stops
 DB_HELP = "SQLAlchemy database URL (default: $TESSERA_DB_URL, else SQLite in the home)."
 
@@ -146,11 +145,12 @@ def list_users(home: Path = typer.Option(None, "--home", help=HOME_HELP),
 
 
 class _HideKeys(logging.Filter):
-    """Access-log lines show each path with its query: the console's `/?api_key=K` must not put K in a log."""
+    """Access-log lines show each path with its query: the console's `/?api_key=K` must not put K in a log
+    (nor K URL-encoded, `tsk%5F...`: the mask is the run logs' one, redaction.py)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(_KEY.sub("tsk_****", a) if isinstance(a, str) else a for a in record.args)
+            record.args = tuple(hide_api_keys(a) if isinstance(a, str) else a for a in record.args)
         return True
 
 

@@ -2,8 +2,8 @@
 back what changed.
 
 - No live resumption (PENDING, or the last one has ended): start one (submission.py).
-- The job is queued or running: fold new heartbeats and events in; QUEUED -> STARTING when the processes
-  are up -> RUNNING at the first heartbeat or log output; end the resumption gracefully (SIGTERM,
+- The job is queued or running: fold new heartbeats and events in; QUEUED -> RUNNING (the run and its
+  resumption) as soon as the cluster reports the processes running; end the resumption gracefully (SIGTERM,
   `stop_grace`, then SIGKILL: STOPPING) on a request from the CLI/SDK (stop, move, restart) or on the
   supervisor's own decision (hang, max_duration, a GPU hardware fault in a node's log: gpu_health.py).
 - The job has ended: COMPLETED, stopped, moved or restarted as requested, or a failure (retries.py).
@@ -57,10 +57,10 @@ def step(ctx: SupervisorContext, run: RunRecord) -> None:
     if status.nodes and status.nodes != res.nodes:
         changes["nodes"] = status.nodes
     folder = Path(res.folder)
-    progressed = _read_progress(ctx, run, res, folder, changes, now)
+    _read_progress(ctx, run, res, folder, changes, now)
 
     if not status.state.done:
-        _while_running(ctx, run, res, spec, backend, handle, status.state, folder, progressed, changes, now)
+        _while_running(ctx, run, res, spec, backend, handle, status.state, folder, changes, now)
         return
     if changes:
         ctx.db.update_resumption(run.id, res.idx, **changes)
@@ -70,16 +70,14 @@ def step(ctx: SupervisorContext, run: RunRecord) -> None:
 
 
 def _read_progress(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, folder: Path,
-                   changes: dict[str, Any], now: float) -> bool:
-    """Fold new heartbeats and events into the resumption; True if a new heartbeat arrived."""
+                   changes: dict[str, Any], now: float) -> None:
+    """Fold new heartbeats and events into the resumption."""
     heartbeat = folder / "heartbeat.json"
     beat = read_heartbeat(heartbeat)
-    progressed = False
     if beat is not None and beat != res.last_beat:
         changes.update(last_beat=beat, last_progress=now)
         if res.first_beat is None:
             changes["first_beat"] = beat
-        progressed = True
     events, offset = read_events(events_path(heartbeat), res.events_offset)
     if offset != res.events_offset:
         changes["events_offset"] = offset
@@ -88,12 +86,11 @@ def _read_progress(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord
             kind, message = describe_event(body)
             ctx.db.add_event(run.id, kind, redact(message) if redact else message,
                              at=float(body["time"]) if isinstance(body.get("time"), int | float) else None)
-    return progressed
 
 
 def _while_running(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, spec: RunSpec,
                    backend: ClusterBackend, handle: dict[str, Any], state: JobState, folder: Path,
-                   progressed: bool, changes: dict[str, Any], now: float) -> None:
+                   changes: dict[str, Any], now: float) -> None:
     run_changes: dict[str, Any] = {}
     request = run.request if run.request in REQUESTS else None
     if res.stop_sent is None:
@@ -114,19 +111,27 @@ def _while_running(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord
         backend.kill(handle)
         changes["kill_sent"] = now
         ctx.db.add_event(run.id, "killed", "still running after the grace period: SIGKILL sent")
-    if state is JobState.RUNNING and res.start is None:
-        changes["start"] = now
-        if run.status == QUEUED:
-            run_changes["status"] = STARTING
-    if run.status in (QUEUED, STARTING) and "status" not in run_changes and state is JobState.RUNNING:
-        if progressed or res.last_beat or _has_output(folder):
-            run_changes["status"] = RUNNING
-            ctx.db.add_event(run.id, "running", f"resumption {res.idx} is running on "
-                             f"{', '.join(changes.get('nodes') or res.nodes) or res.cluster}")
+    if state is JobState.RUNNING:
+        _running(ctx, run, res, changes, run_changes, now)
     if changes:
         ctx.db.update_resumption(run.id, res.idx, **changes)
     if run_changes:
         ctx.db.update_run(run.id, **run_changes)
+
+
+def _running(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, changes: dict[str, Any],
+             run_changes: dict[str, Any], now: float) -> None:
+    """The cluster runs the job's processes: the resumption is RUNNING, and so is the run (unless it is
+    STOPPING), from this pass on: not from its first log line or heartbeat, which a quiet command may
+    never write. A run an older version left STARTING moves on too."""
+    if res.start is None:
+        changes["start"] = now
+    if res.status != RUNNING:
+        changes["status"] = RUNNING
+    if run.status in (QUEUED, STARTING) and "status" not in run_changes:
+        run_changes["status"] = RUNNING
+        ctx.db.add_event(run.id, "running", f"resumption {res.idx} is running on "
+                         f"{', '.join(changes.get('nodes') or res.nodes) or res.cluster}")
 
 
 def _decide_stop(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, spec: RunSpec,
@@ -153,10 +158,6 @@ def _decide_stop(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, 
     if max_duration and ctx.run_time(run, now) > max_duration:
         return "max_duration"
     return None
-
-
-def _has_output(folder: Path) -> bool:
-    return any(p.stat().st_size > 0 for p in folder.glob("node-*.log"))
 
 
 def _job_ended(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, spec: RunSpec,

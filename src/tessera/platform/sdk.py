@@ -300,8 +300,9 @@ class Platform:
         return self.create_run(spec, workdir=record.workdir, user=user)
 
     def run_metrics(self, name: str, after: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """(metric rows the run reported after byte offset `after`, the offset to pass next time)."""
-        return read_metrics(self._record(name).folder, after)
+        """(metric rows the run reported after byte offset `after`, secret values masked as in its logs;
+        the offset to pass next time)."""
+        return read_metrics(self._record(name).folder, self.secrets.redactor(), after)
 
     # --- logs -------------------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import configparser
 import json
 import re
 import time
@@ -28,17 +27,22 @@ from pydantic import (
     PlainSerializer,
     TypeAdapter,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
 
+from tessera.platform.aws_ini import aws_profile, parse_ini
 from tessera.platform.errors import SecretError
-from tessera.platform.spec import RESERVED_ENV, validate_name
+from tessera.platform.spec_schema import RESERVED_ENV, shorten, validate_name
 
 MAX_FILE_BYTES = 64 * 1024     # a key, a credentials JSON, an AWS config: far smaller (the client's limit too)
 MAX_VALUE_CHARS = 64 * 1024    # one environment variable's value
 MAX_ENV_VARS = 256
 MAX_FIELD_CHARS = 1024         # user names, servers, endpoints, account names
+# A file secret's file name names a file in the run's folder (255 bytes at most); checked when a secret is
+# made (parse_secret), not when one is read: a record an earlier version took still lists.
+MAX_FILENAME_BYTES = 128
 MOUNT_ROOT = "/secrets"        # MCLI mounts a secret's files in /secrets/<name>/
 DOCKER_HUB = "https://index.docker.io/v1/"
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -143,11 +147,11 @@ class S3Secret(_Secret):
     @model_validator(mode="after")
     def _keys(self) -> S3Secret:
         if self.credentials is not None and not (self.access_key_id and self.secret_access_key):
-            profile = _aws_profile(self.credentials, "credentials file")
+            profile = aws_profile(self.credentials, "credentials file")
             self.access_key_id = self.access_key_id or profile.get("aws_access_key_id")
             self.secret_access_key = self.secret_access_key or profile.get("aws_secret_access_key")
         if self.config is not None:
-            _aws_profile(self.config, "config file", need_profile=False)
+            aws_profile(self.config, "config file", need_profile=False)
         if not (self.access_key_id and self.secret_access_key):
             raise ValueError("an access key id and a secret access key are needed (or a credentials file "
                              "whose [default] profile has aws_access_key_id and aws_secret_access_key)")
@@ -173,30 +177,9 @@ class S3Secret(_Secret):
     def values(self) -> list[str]:
         found = [self.access_key_id or "", self.secret_access_key or ""]
         if self.credentials:
-            parser = _parse_ini(self.credentials, "credentials file")
+            parser = parse_ini(self.credentials, "credentials file")
             found += [v for s in parser.sections() for k, v in parser[s].items() if k != "region"]
         return found
-
-
-def _parse_ini(content: bytes, what: str) -> configparser.ConfigParser:
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read_string(content.decode("utf-8"))
-    except (UnicodeDecodeError, configparser.Error) as exc:
-        problem = "not UTF-8 text" if isinstance(exc, UnicodeDecodeError) else type(exc).__name__
-        raise ValueError(f"the {what} is not an AWS INI file ({problem})") from None
-    return parser
-
-
-def _aws_profile(content: bytes, what: str, need_profile: bool = True) -> Mapping[str, str]:
-    """The [default] profile (or the only one) of an AWS credentials/config file."""
-    parser = _parse_ini(content, what)
-    sections = parser.sections()
-    if "default" in sections or len(sections) == 1:
-        return parser["default" if "default" in sections else sections[0]]
-    if need_profile:
-        raise ValueError(f"the {what} has no [default] profile (profiles: {', '.join(sections) or 'none'})")
-    return {}
 
 
 class EnvSecret(_Secret):
@@ -234,9 +217,13 @@ class FileSecret(_Secret):
 
     @field_validator("filename")
     @classmethod
-    def _filename(cls, value: str) -> str:
+    def _filename(cls, value: str, info: ValidationInfo) -> str:
         if "/" in value or "\\" in value or value in (".", "..") or "\0" in value:
-            raise ValueError(f"file name {value!r} must be a plain file name (no folders)")
+            raise ValueError(f"file name {shorten(value)!r} must be a plain file name (no folders)")
+        size = len(value.encode("utf-8"))
+        if (info.context or {}).get("new") and size > MAX_FILENAME_BYTES:
+            raise ValueError(f"file name {shorten(value)!r} is {size} bytes long; at most {MAX_FILENAME_BYTES} "
+                             "are allowed (it is written as a file in the run's folder)")
         return value
 
     @field_validator("env_var")
@@ -386,13 +373,13 @@ def _problems(exc: ValidationError) -> str:
 
 
 def parse_secret(data: Mapping[str, Any]) -> AnySecret:
-    """A typed secret from {"type", "name", ...fields}; fields left None are dropped (a client sends them)."""
+    """A new typed secret from {"type", "name", ...fields}; fields left None are dropped (a client sends them)."""
     fields = {k: v for k, v in data.items() if v is not None}
     kind, name = fields.get("type"), fields.get("name")
     if kind not in SECRET_TYPES:
         raise SecretInputError(f"unknown secret type {kind!r}; use one of {', '.join(SECRET_TYPES)}")
     try:
-        secret: AnySecret = SECRET.validate_python(fields)
+        secret: AnySecret = SECRET.validate_python(fields, context={"new": True})
     except ValidationError as exc:
-        raise SecretInputError(f"invalid {kind} secret {name!r}: {_problems(exc)}") from None
+        raise SecretInputError(f"invalid {kind} secret {shorten(str(name))!r}: {_problems(exc)}") from None
     return secret

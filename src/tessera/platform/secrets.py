@@ -11,6 +11,7 @@ names and types, never values.
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import shutil
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from tessera.platform.errors import SecretError
 from tessera.platform.home import private_dir, tessera_home, write_private
+from tessera.platform.redaction import Redactor
 from tessera.platform.secret_crypto import SecretCipher
 from tessera.platform.secret_types import (
     SECRET,
@@ -47,8 +49,6 @@ __all__ = [
     "SecretInputError", "SecretStore", "default_env_var", "parse_secret", "secret_json",
 ]
 
-REDACTED = "****"
-MIN_REDACT_LEN = 4   # shorter values would turn every log line into asterisks; documented in platform.md
 SUFFIX = ".secret"
 
 
@@ -67,20 +67,6 @@ class Injection:
     mount path for containers, the env var that names it)."""
     env: dict[str, str] = field(default_factory=dict)
     files: list[tuple[Path, str, str]] = field(default_factory=list)
-
-
-class Redactor:
-    """Replaces every known secret value in a text with ****."""
-
-    def __init__(self, values: list[str]) -> None:
-        usable = sorted({v for v in values if len(v) >= MIN_REDACT_LEN}, key=len, reverse=True)
-        self._pattern = re.compile("|".join(re.escape(v) for v in usable)) if usable else None
-
-    def __call__(self, text: str) -> str:
-        return self._pattern.sub(REDACTED, text) if self._pattern and text else text
-
-    def __bool__(self) -> bool:
-        return self._pattern is not None
 
 
 def default_env_var(secret_name: str) -> str:
@@ -220,7 +206,13 @@ class SecretStore:
             paths: dict[str, Path] = {}
             for f in files:
                 target = private_dir(private_dir(Path(str(folder)) / "secrets") / secret.name) / f.filename
-                write_private(target, f.content)
+                try:
+                    write_private(target, f.content)
+                except OSError as exc:   # a name an earlier version accepted (too long): the run fails in one line
+                    if exc.errno != errno.ENAMETOOLONG:
+                        raise
+                    raise SecretError(f"secret {name!r}: its file name ({len(f.filename.encode())} bytes) is too "
+                                      "long to be written; create the secret again with a shorter one") from None
                 paths[f.filename] = target
                 out.files.append((target, f.mount_path, f.env_var))
             out.env.update(secret.path_env(paths))

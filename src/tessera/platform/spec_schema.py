@@ -28,6 +28,7 @@ RESERVED_ENV = frozenset({
     "TESSERA_PARAMETERS", "TESSERA_METRICS", "NODE_RANK", "NNODES", "MASTER_ADDR", "MASTER_PORT",
 })
 
+NAME_MAX = 63         # run, secret, cluster, team and user names: one path component, and a DNS label
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|d|h|m|s)")
@@ -44,10 +45,19 @@ WEEK = 7 * 86400.0  # hang_timeout, stop_grace: longer is a typo, not a setting
 YEAR = 366 * 86400.0  # max_duration: total running time over all resumptions
 
 
+def shorten(value: str, keep: int = 32) -> str:
+    """`value` cut to its first `keep` characters (and '...') for a one-line message about it."""
+    return value if len(value) <= keep else value[:keep] + "..."
+
+
 def validate_name(name: str, what: str = "name") -> str:
-    """A run, secret or cluster name: it names a folder, so no path tricks and nothing exotic."""
+    """A run, secret or cluster name: it names a folder, so no path tricks and nothing exotic. A name
+    longer than NAME_MAX is refused first, by its length (the message shows its start, not all of it)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what} must be a non-empty string")
+    if len(name) > NAME_MAX:
+        raise ValueError(f"{what} {shorten(name)!r} is {len(name)} characters long; at most {NAME_MAX} are "
+                         "allowed")
     if "/" in name or "\\" in name or ".." in name or name.startswith("."):
         raise ValueError(f"{what} {name!r} is refused: it names a folder, so '/', '\\', '..' and a leading "
                          "'.' (path traversal) are not allowed")

@@ -2,7 +2,9 @@
 
 Routers under /api/v1 (auth on every route but /api/v1/health), request bodies limited to
 `settings.max_body_bytes` (413, by Content-Length and by counting a streamed body), the platform's
-errors as 4xx answers with a one-line `detail`, and the web console at / with its assets at /static.
+errors as 4xx answers with a one-line `detail`, the web console at / with its assets at /static, and the
+API's docs page at /api/v1/docs, whose Swagger UI scripts and styles are the `fastapi-offline` package's
+own files, served from here (FastAPI's default page loads them from a CDN: blank without internet).
 The database is migrated to the newest schema before the app is returned.
 """
 
@@ -10,10 +12,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from importlib.resources import files
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -39,6 +43,8 @@ from tessera.platform.server.teams import TeamPlatforms, use_server_secret_key
 
 STATIC = Path(__file__).resolve().parent / "static"
 API = "/api/v1"
+SWAGGER_UI = Path(str(files("fastapi_offline") / "static"))   # swagger-ui-bundle.js, swagger-ui.css, favicon
+DOCS_ASSETS = f"{API}/docs/assets"
 MAX_DETAIL = 1000
 
 # Most specific first: the first class an error is an instance of gives its status.
@@ -62,7 +68,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         engine.dispose()
 
     app = FastAPI(title="Tessera control plane", version=__version__, lifespan=lifespan,
-                  max_body_size=settings.max_body_bytes, docs_url=f"{API}/docs", redoc_url=None,
+                  max_body_size=settings.max_body_bytes, docs_url=None, redoc_url=None,
                   openapi_url=f"{API}/openapi.json")
     app.state.server = state
     api = APIRouter(prefix=API)
@@ -74,12 +80,22 @@ def create_app(settings: ServerSettings) -> FastAPI:
     for error, _ in _STATUS:
         app.add_exception_handler(error, _platform_error)
     app.mount("/static", StaticFiles(directory=STATIC, check_dir=False), name="static")
+    app.mount(DOCS_ASSETS, StaticFiles(directory=SWAGGER_UI), name="docs-assets")
+    app.add_api_route(f"{API}/docs", api_docs, methods=["GET"], include_in_schema=False, response_model=None)
     app.add_api_route("/", console, methods=["GET"], include_in_schema=False, response_model=None)
     return app
 
 
 def health() -> dict[str, object]:
     return {"ok": True, "version": __version__}
+
+
+def api_docs() -> HTMLResponse:
+    """Swagger UI on the OpenAPI document, every file of it from this server (works offline)."""
+    return get_swagger_ui_html(openapi_url=f"{API}/openapi.json", title="Tessera control plane - API",
+                               swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                               swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                               swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png")
 
 
 def console() -> FileResponse | HTMLResponse:

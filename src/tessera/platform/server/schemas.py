@@ -3,17 +3,23 @@ the list answers with."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tessera.platform.spec import MAX_GPUS_PER_NODE, MAX_RETRIES, validate_name
+from tessera.platform.spec_schema import NAME_MAX
 
-NAME_MAX = 63
+# A name's bound is checked by validate_name, whose one-line error names the value and the bound (a
+# max_length here would answer first, without the value); the schema still shows it.
+NAMED: dict[str, Any] = {"json_schema_extra": {"maxLength": NAME_MAX}}
 
 
-def _name(value: str | None) -> str | None:
-    return None if value is None else validate_name(value)
+def _named(what: str) -> Callable[[str | None], str | None]:
+    def check(value: str | None) -> str | None:
+        return None if value is None else validate_name(value, what)
+    return check
 
 
 class _Body(BaseModel):
@@ -22,29 +28,30 @@ class _Body(BaseModel):
 
 class SubmitRun(_Body):
     spec: dict[str, Any] = Field(description="A Tessera run spec, or an MCLI run YAML, as a mapping.")
-    cluster: str | None = Field(None, max_length=NAME_MAX)
+    cluster: str | None = Field(None, **NAMED)
 
-    _cluster = field_validator("cluster")(_name)
+    _cluster = field_validator("cluster")(_named("cluster name"))
 
 
 class ClusterChoice(_Body):
-    cluster: str | None = Field(None, max_length=NAME_MAX)
+    cluster: str | None = Field(None, **NAMED)
 
-    _cluster = field_validator("cluster")(_name)
+    _cluster = field_validator("cluster")(_named("cluster name"))
 
 
 class MoveRun(_Body):
-    cluster: str = Field(max_length=NAME_MAX)
+    cluster: str = Field(**NAMED)
 
-    _cluster = field_validator("cluster")(_name)
+    _cluster = field_validator("cluster")(_named("cluster name"))
 
 
 class CloneRun(_Body):
-    name: str = Field(max_length=NAME_MAX)
-    cluster: str | None = Field(None, max_length=NAME_MAX)
+    name: str = Field(**NAMED)
+    cluster: str | None = Field(None, **NAMED)
     gpus: int | None = Field(None, ge=0, le=MAX_GPUS_PER_NODE)
 
-    _names = field_validator("name", "cluster")(_name)
+    _name = field_validator("name")(_named("run name"))
+    _cluster = field_validator("cluster")(_named("cluster name"))
 
 
 class UpdateRun(_Body):
@@ -64,12 +71,12 @@ class NewCluster(BaseModel):
     """`{"name", "type", "replace"?, "config"?: {...}}`; other keys are the cluster's config too, as the
     CLI's options are."""
     model_config = ConfigDict(extra="allow")
-    name: str = Field(max_length=NAME_MAX)
+    name: str = Field(**NAMED)
     type: str = Field(max_length=32)
     replace: bool = False
     config: dict[str, Any] = Field(default_factory=dict)
 
-    _cluster = field_validator("name")(_name)
+    _cluster = field_validator("name")(_named("cluster name"))
 
     def settings(self) -> dict[str, Any]:
         return {**(self.model_extra or {}), **self.config}
@@ -79,22 +86,23 @@ class NewSecret(BaseModel):
     """`{"type", "name", "overwrite"?, ...the type's fields}`; a file's bytes come base64 in "content"."""
     model_config = ConfigDict(extra="allow")
     type: str = Field(max_length=32)
-    name: str = Field(max_length=NAME_MAX)
+    name: str = Field(**NAMED)
     overwrite: bool = False
 
-    _secret = field_validator("name")(_name)
+    _secret = field_validator("name")(_named("secret name"))
 
 
 class NewUser(_Body):
-    name: str = Field(max_length=NAME_MAX)
-    team: str = Field(max_length=NAME_MAX)
+    name: str = Field(**NAMED)
+    team: str = Field(**NAMED)
     admin: bool = False
 
-    _names = field_validator("name", "team")(_name)
+    _name = field_validator("name")(_named("user name"))
+    _team = field_validator("team")(_named("team name"))
 
 
 class NewTeam(_Body):
-    name: str = Field(max_length=NAME_MAX)
+    name: str = Field(**NAMED)
 
-    _team = field_validator("name")(_name)
+    _team = field_validator("name")(_named("team name"))
 
