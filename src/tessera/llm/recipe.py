@@ -119,7 +119,6 @@ class Recipe(TrainingKeys, ICLSection):  # type: ignore[valid-type,misc]
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     global_train_batch_size: int = Field(gt=0, description="Samples per step over all ranks (the Trainer's "
                                                            "global_batch_size).")
-    torch_threads: int | None = Field(default=None, ge=1, description="torch's CPU threads; None: torch's.")
 
     @model_validator(mode="after")
     def _check(self) -> Recipe:

@@ -120,7 +120,7 @@ def recipe_tokenizer(recipe: Recipe) -> Tokenizer | Any:
 def make_trainer(recipe: Recipe) -> Trainer:
     """Everything a run needs, checked in order of cheapness (config, tokenizer, data index, then the
     model), so a missing path fails before gigabytes of weights are allocated."""
-    if recipe.torch_threads:
+    if recipe.torch_threads:  # for data prep and model building too; the Trainer owns the choice (cpu_threads.py)
         torch.set_num_threads(recipe.torch_threads)
     tp = recipe.parallelism.tp_degree  # the ranks of a tensor-parallel group read the same batches
     per_device = recipe.check_batches(current_env().world_size // tp)
