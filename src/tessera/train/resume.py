@@ -14,9 +14,12 @@ import logging
 import warnings
 from typing import Any
 
+import torch
+
 from tessera.storage import StorageError
 from tessera.train.checkpoint import CheckpointManager, apply_state
 from tessera.train.checkpoint.layout import META, resume_order
+from tessera.train.cpu_threads import resume_threads
 from tessera.train.time import Timestamp
 
 
@@ -83,9 +86,12 @@ def resume(trainer: Any, log: logging.Logger) -> None:
     apply_state(state, trainer.model, trainer.optimizers, trainer.schedulers, scaler, restore_rng=False)
     trainer.timestamp = Timestamp.from_state_dict(state["timestamp"])
     trainer._pending_rng = state.get("rng")
-    found = (state.get("config") or {}).get("auto_microbatch_size")
+    saved_config = state.get("config") or {}
+    found = saved_config.get("auto_microbatch_size")
     if trainer.microbatch.auto and found:  # the size auto-microbatching had found: the same cuts, the same sums
         trainer.microbatch.size = int(found)
+    resume_threads(trainer.device, saved_config.get("cpu_threads"), trainer.settings.torch_threads is not None)
+    trainer.cpu_threads = torch.get_num_threads() if trainer.device.type == "cpu" else trainer.cpu_threads
     # stacklevel 4: the warnings name the caller of Trainer.fit (resume <- Trainer._resume <- fit <- caller)
     if state.get("dataloader") is not None and hasattr(trainer.train_dataloader, "load_state_dict"):
         trainer.train_dataloader.load_state_dict(state["dataloader"])
