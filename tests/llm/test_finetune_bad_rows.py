@@ -171,7 +171,7 @@ def test_a_64mb_example_under_an_8gb_address_space(model: Path, tmp_path: Path) 
             out.append([res.exit_code, res.stdout, res.output])
         print(json.dumps(out))
     """)
-    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]  # -6 was the abort
     (prep_code, prep_out, _), (train_code, _, train_log) = json.loads(done.stdout.splitlines()[-1])
     assert prep_code == 0 and train_code == 0, train_log
