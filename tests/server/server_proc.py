@@ -13,8 +13,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -22,6 +23,7 @@ from types import ModuleType
 import httpx
 
 from tessera.platform.clusters.local import free_port
+from tessera.platform.supervisor import stop_supervisor
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TERMINAL = ("COMPLETED", "FAILED", "STOPPED")
@@ -97,6 +99,21 @@ class ServerProcess:
 
     def tail(self) -> str:
         return self.log.read_text()[-3000:] if self.log and self.log.exists() else ""
+
+
+@contextmanager
+def served(folder: Path, users: dict[str, str]) -> Iterator[ServerProcess]:
+    """A started server (SQLite, home in `folder`) with `users` (name -> team); stopped afterwards, with
+    the team supervisors it started."""
+    server = ServerProcess(folder, folder / "server-home", server_env(folder))
+    server.start()
+    try:
+        server.add_users(users)
+        yield server
+    finally:
+        server.stop()
+        for team_home in (server.home / "teams").glob("*"):
+            stop_supervisor(team_home)
 
 
 def wait_all_done(server: ServerProcess, user: str, total: int, timeout: float) -> list[dict[str, object]]:

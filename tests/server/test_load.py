@@ -13,9 +13,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from server_proc import ServerProcess, load_spec, server_env, submit_load, wait_all_done
-
-from tessera.platform.supervisor import stop_supervisor
+from server_proc import ServerProcess, load_spec, served, submit_load, wait_all_done
 
 RUNS = 200
 FAIL_EVERY = 10
@@ -24,16 +22,8 @@ TEAMS = {"alice": "red", "carol": "red", "bob": "blue", "dave": "blue"}
 
 @pytest.fixture(scope="module")
 def load_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    folder = tmp_path_factory.mktemp("load")
-    server = ServerProcess(folder, folder / "server-home", server_env(folder))
-    server.start()
-    try:
-        server.add_users(TEAMS)
+    with served(tmp_path_factory.mktemp("load"), TEAMS) as server:
         yield server
-    finally:
-        server.stop()
-        for team_home in (server.home / "teams").glob("*"):
-            stop_supervisor(team_home)
 
 
 def read_while(server: ServerProcess, done: threading.Event, codes: list[int]) -> None:

@@ -19,6 +19,14 @@ class SecretError(PlatformError):
     """A secret is missing, malformed or cannot be stored."""
 
 
+class SecretExists(SecretError):
+    """The team already has a secret of that name (and the write did not ask to replace it)."""
+
+
+class SecretNotFound(SecretError, LookupError):
+    """No secret has the given name."""
+
+
 class ClusterError(PlatformError):
     """A cluster is unknown, misconfigured, or its scheduler refused a request."""
 

@@ -20,8 +20,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tessera.platform import logs
 from tessera.platform.clusters import CLUSTER_TYPES, LOCAL, ClusterBackend, NodeInfo, make_backend
 from tessera.platform.errors import (
@@ -36,6 +34,7 @@ from tessera.platform.errors import (
 from tessera.platform.home import tessera_home
 from tessera.platform.metrics import read_metrics
 from tessera.platform.run_edits import cloned_spec, updated_scheduling
+from tessera.platform.run_folder import move_away, write_run_folder, write_spec
 from tessera.platform.run_info import Resumption, Run
 from tessera.platform.sdk_inputs import as_spec, os_user, run_statuses
 from tessera.platform.secrets import SecretStore
@@ -122,9 +121,13 @@ class Platform:
     # --- runs -------------------------------------------------------------------------------------
 
     def create_run(self, spec: RunSpec | dict[str, Any] | str | Path, *, cluster: str | None = None,
-                   workdir: str | Path | None = None, supervise: bool = True, user: str | None = None) -> Run:
+                   workdir: str | Path | None = None, supervise: bool = True, user: str | None = None,
+                   run_id: str | None = None) -> Run:
         """Validate and submit a run; the supervisor starts it. `user` is who submitted it (the server
-        passes its API user); the OS user by default."""
+        passes its API user); the OS user by default. `run_id` is the id to give it (the server picks it
+        first, so that its audit entry names the run before the run exists); a new one by default. The
+        database decides between racing submissions of one name before any file is written (RunExists
+        for the losers); the winner's folder holds the winner's spec."""
         spec = as_spec(spec)
         cluster = cluster or spec.compute.cluster or LOCAL
         spec = spec.model_copy(update={"compute": spec.compute.model_copy(update={"cluster": cluster})})
@@ -139,18 +142,12 @@ class Platform:
             raise RunExists(f"a run named {spec.name!r} exists ({existing.status}); choose another name, or "
                             f"`tessera run restart {spec.name}`")
         folder = self.home / "runs" / spec.name
-        if folder.exists():
-            shutil.rmtree(folder)   # left by a run that was deleted from the database
-        folder.mkdir(parents=True)
-        (folder / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")
-        (folder / "parameters.yaml").write_text(yaml.safe_dump(spec.parameters, sort_keys=False),
-                                                encoding="utf-8")
         now = time.time()
-        record = RunRecord(new_run_id(), spec.name, spec.model_dump(mode="json"), PENDING, cluster, now, now,
-                           str(folder), workdir=str(Path(workdir or Path.cwd()).resolve()),
+        record = RunRecord(run_id or new_run_id(), spec.name, spec.model_dump(mode="json"), PENDING, cluster,
+                           now, now, str(folder), workdir=str(Path(workdir or Path.cwd()).resolve()),
                            next_cause="submitted", user=user or os_user())
-        self.db.insert_run(record)
-        self.db.add_event(record.id, "created", f"run created for cluster {cluster}")
+        self.db.insert_run(record, event=f"run created for cluster {cluster}",
+                           publish=lambda: write_run_folder(folder, spec))
         if supervise:
             ensure_supervisor(self.home)
         return self.get_run(record.id)
@@ -268,36 +265,42 @@ class Platform:
             except TimeoutError:
                 raise RunStateError(f"run {name} did not stop within {grace + STOP_MARGIN:g} s (it is "
                                     f"{self._record(name).status}); not deleted, try again later") from None
-        self.db.delete_run(record.id)
         folder = Path(record.folder)
-        if folder.parent != self.home / "runs":   # never remove a folder outside this home's runs
-            return
-        shutil.rmtree(folder, ignore_errors=True)
-        if folder.exists():
-            raise PlatformError(f"run {name} was deleted, but its folder {folder} could not be removed")
+        ours = folder.parent == self.home / "runs"   # never remove a folder outside this home's runs
+        trash = folder.with_name(f".deleted-{record.id}")
+        if not self.db.delete_run(record.id, unpublish=(lambda: move_away(folder, trash)) if ours else None):
+            raise RunNotFound(f"no run named {name!r}: it was deleted meanwhile")
+        if ours:
+            shutil.rmtree(trash, ignore_errors=True)
+        if ours and trash.exists():
+            raise PlatformError(f"run {name} was deleted, but its folder {trash} could not be removed")
 
     def update_run(self, name: str, *, priority: str | None = None, max_duration: float | str | None = None,
                    max_retries: int | None = None) -> Run:
         """Change a run's scheduling (bounds as at submit). The supervisor reads the stored spec on every
         pass, so a lowered max_retries or max_duration applies to the current resumption too."""
         record = self._record(name)
-        spec, changes = updated_scheduling(RunSpec.model_validate(record.spec), priority=priority,
-                                           max_duration=max_duration, max_retries=max_retries)
-        if not changes:
-            return self.get_run(name)
-        self.db.update_run(record.id, spec=spec.model_dump(mode="json"))
-        (Path(record.folder) / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")
-        self.db.add_event(record.id, "updated", "scheduling updated: " + ", ".join(changes))
+        changes: list[str] = []
+
+        def edit(stored: dict[str, Any]) -> dict[str, Any] | None:   # on the spec as stored when applied
+            spec, made = updated_scheduling(RunSpec.model_validate(stored), priority=priority,
+                                            max_duration=max_duration, max_retries=max_retries)
+            changes.extend(made)
+            return spec.model_dump(mode="json") if made else None
+
+        if self.db.edit_spec(record.id, edit, lambda new: write_spec(Path(record.folder), RunSpec.model_validate(new))):
+            self.db.add_event(record.id, "updated", "scheduling updated: " + ", ".join(changes))
         return self.get_run(name)
 
     def clone_run(self, name: str, new_name: str, *, cluster: str | None = None, gpus: int | None = None,
-                  user: str | None = None) -> Run:
+                  user: str | None = None, run_id: str | None = None) -> Run:
         """Submit the run's spec again as `new_name` (on `cluster`, with `gpus` per node, when given),
-        from the same working directory; the clone is `user`'s (default: the OS user)."""
+        from the same working directory; the clone is `user`'s (default: the OS user), with id `run_id`
+        as in create_run."""
         record = self._record(name)
         spec = cloned_spec(RunSpec.model_validate(record.spec), new_name, cluster=cluster or record.cluster,
                            gpus=gpus)
-        return self.create_run(spec, workdir=record.workdir, user=user)
+        return self.create_run(spec, workdir=record.workdir, user=user, run_id=run_id)
 
     def run_metrics(self, name: str, after: int = 0) -> tuple[list[dict[str, Any]], int]:
         """(metric rows the run reported after byte offset `after`, secret values masked as in its logs;

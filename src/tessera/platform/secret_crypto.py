@@ -9,6 +9,7 @@ The key itself is never put in a message, a log or an exception.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 from cryptography.fernet import Fernet, InvalidToken
 
 from tessera.platform.errors import SecretError
+from tessera.platform.home import write_private
 
 ENV_SECRET_KEY = "TESSERA_SECRET_KEY"
 ENV_SECRET_KEY_FILE = "TESSERA_SECRET_KEY_FILE"
@@ -32,22 +34,11 @@ def _fernet(key: bytes, source: str) -> Fernet:
 
 
 def _create_key_file(path: Path) -> None:
-    """A new key, written 0600 from the first byte and linked into place (never over an existing file)."""
+    """A new key, written 0600 from the first byte and linked into place, never over an existing file:
+    when processes or a server's threads race, the first link wins and every one of them reads it."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(Fernet.generate_key() + b"\n")
-            out.flush()
-            os.fsync(out.fileno())
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass                # another process made it first: use theirs
-    finally:
-        tmp.unlink(missing_ok=True)
+    with contextlib.suppress(FileExistsError):
+        write_private(path, Fernet.generate_key() + b"\n", exclusive=True)
 
 
 def _read_key_file(path: Path, source: str) -> Fernet:

@@ -11,6 +11,7 @@ names and types, never values.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import re
@@ -21,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from tessera.platform.errors import SecretError
+from tessera.platform.errors import SecretError, SecretExists, SecretNotFound
 from tessera.platform.home import private_dir, tessera_home, write_private
 from tessera.platform.redaction import Redactor
 from tessera.platform.secret_crypto import SecretCipher
@@ -95,23 +96,26 @@ class SecretStore:
 
     def create(self, type_: str, name: str, *, overwrite: bool = False, **fields: Any) -> SecretInfo:
         """A secret of any type from its fields (as `RemoteSecrets.create`); file contents as bytes or
-        base64 text. Raises SecretInputError for a bad field, SecretError if it exists."""
+        base64 text. Raises SecretInputError for a bad field, SecretExists if it exists."""
         return self.add(parse_secret({**fields, "type": type_, "name": name}), overwrite=overwrite)
 
     def add(self, secret: AnySecret, *, overwrite: bool = False) -> SecretInfo:
-        """Store a typed secret, encrypted."""
+        """Store a typed secret, encrypted. Without `overwrite`, the file system decides between writers
+        racing for one name (the record is linked into place only where no file is): one wins, the
+        others raise SecretExists, and the stored record is the winner's. With it, each writer replaces
+        the whole record atomically: the last one stays, never a mix of two."""
         self._migrate()
-        path = self._path(secret.name)
         private_dir(self.root)
-        if path.exists() and not overwrite:
-            raise SecretError(f"secret {secret.name!r} exists; remove it first (tessera secret remove "
-                              f"{secret.name}) or pass overwrite")
-        self._write(secret)
+        try:
+            self._write(secret, exclusive=not overwrite)
+        except FileExistsError:
+            raise SecretExists(f"secret {secret.name!r} exists; remove it first (tessera secret remove "
+                               f"{secret.name}) or pass overwrite") from None
         return _info(secret)
 
-    def _write(self, secret: AnySecret) -> None:
+    def _write(self, secret: AnySecret, exclusive: bool = False) -> None:
         record = secret.model_dump_json(by_alias=True).encode()
-        write_private(self._path(secret.name), self.cipher.encrypt(record))
+        write_private(self._path(secret.name), self.cipher.encrypt(record), exclusive=exclusive)
 
     def create_s3(self, name: str, access_key_id: str, secret_access_key: str, endpoint: str | None = None,
                   region: str | None = None, overwrite: bool = False) -> SecretInfo:
@@ -133,11 +137,12 @@ class SecretStore:
                            mount_path=mount_path, content=content, overwrite=overwrite)
 
     def remove(self, name: str) -> None:
+        """Delete a secret; SecretNotFound if it is not there (also when another remover was first)."""
         self._migrate()
-        path = self._path(name)
-        if not path.exists():
-            raise SecretError(f"secret {name!r} does not exist")
-        path.unlink()
+        try:
+            self._path(name).unlink()
+        except FileNotFoundError:
+            raise SecretNotFound(f"secret {name!r} does not exist") from None
 
     # --- reading ----------------------------------------------------------------------------------
 
@@ -151,8 +156,8 @@ class SecretStore:
             token = path.read_bytes()
         except FileNotFoundError:
             known = ", ".join(p.name.removesuffix(SUFFIX) for p in sorted(self.root.glob(f"*{SUFFIX}"))) or "none"
-            raise SecretError(f"secret {name!r} does not exist (known: {known}); create it with "
-                              f"`tessera secret create ...`") from None
+            raise SecretNotFound(f"secret {name!r} does not exist (known: {known}); create it with "
+                                 f"`tessera secret create ...`") from None
         try:
             return SECRET.validate_json(self.cipher.decrypt(token, name))
         except ValidationError as exc:
@@ -187,7 +192,8 @@ class SecretStore:
             shutil.rmtree(self.root / "files" / name, ignore_errors=True)
         files = self.root / "files"
         if files.is_dir() and not any(files.iterdir()):
-            files.rmdir()
+            with contextlib.suppress(OSError):   # another process or thread removed it first
+                files.rmdir()
 
     # --- what runs and people get -----------------------------------------------------------------
 

@@ -14,15 +14,25 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tessera.platform.errors import RunExists
 from tessera.platform.home import tessera_home
-from tessera.platform.state_schema import LIST_INDEXES, MIGRATIONS, SCHEMA, SCHEMA_VERSION
+from tessera.platform.state_schema import (
+    LIST_INDEXES,
+    MIGRATIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    ClusterRecord,
+    EventRecord,
+    ResumptionRecord,
+    RunRecord,
+    encode,
+    from_row,
+)
 
 # Lifecycle. STOPPING is the short stretch between a stop/move request and the processes' exit.
 PENDING, QUEUED, STARTING, RUNNING, STOPPING = "PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"
@@ -33,85 +43,6 @@ ALL_STATUSES = ACTIVE + TERMINAL
 # A resumption's status while the supervisor submits it: the row is written before the job exists, so a
 # supervisor that dies between submitting and recording the job id finds the job again (submission.py).
 SUBMITTING = "SUBMITTING"
-
-@dataclass
-class ClusterRecord:
-    name: str
-    type: str
-    config: dict[str, Any]
-    created: float
-
-
-@dataclass
-class RunRecord:
-    id: str
-    name: str
-    spec: dict[str, Any]
-    status: str
-    cluster: str
-    created: float
-    updated: float
-    folder: str
-    ended: float | None = None
-    request: str | None = None
-    request_arg: str | None = None
-    retries_used: int = 0
-    system_retries: int = 0
-    failure_kind: str | None = None
-    first_error: str | None = None
-    not_before: float | None = None
-    workdir: str | None = None
-    next_cause: str | None = None
-    user: str | None = None          # who submitted it (the OS user locally, the API user on a server)
-
-
-@dataclass
-class ResumptionRecord:
-    run_id: str
-    idx: int
-    cluster: str
-    cause: str
-    status: str
-    folder: str
-    submitted: float
-    job_id: str | None = None
-    handle: dict[str, Any] | None = None
-    nodes: list[str] = field(default_factory=list)
-    start: float | None = None
-    end: float | None = None
-    exit_code: int | None = None
-    outcome: str | None = None
-    detail: str | None = None
-    last_beat: dict[str, Any] | None = None
-    last_progress: float | None = None
-    stop_sent: float | None = None
-    kill_sent: float | None = None
-    stop_reason: str | None = None
-    first_beat: dict[str, Any] | None = None
-    events_offset: int = 0
-
-
-@dataclass
-class EventRecord:
-    id: int
-    run_id: str
-    time: float
-    kind: str
-    message: str
-    data: dict[str, Any] | None = None
-
-
-_JSON_FIELDS = {"spec", "config", "handle", "nodes", "last_beat", "first_beat", "data"}
-
-
-def _row(cls: type, row: sqlite3.Row) -> Any:
-    values = {k: (json.loads(row[k]) if k in _JSON_FIELDS and row[k] is not None else row[k])
-              for k in row.keys()}
-    return cls(**values)
-
-
-def _encode(value: Any, key: str) -> Any:
-    return json.dumps(value) if key in _JSON_FIELDS and value is not None else value
 
 
 def new_run_id() -> str:
@@ -205,10 +136,10 @@ class StateDB:
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
         row = self.conn.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
-        return _row(ClusterRecord, row) if row else None
+        return from_row(ClusterRecord, row) if row else None
 
     def list_clusters(self) -> list[ClusterRecord]:
-        return [_row(ClusterRecord, r) for r in self.conn.execute("SELECT * FROM clusters ORDER BY name")]
+        return [from_row(ClusterRecord, r) for r in self.conn.execute("SELECT * FROM clusters ORDER BY name")]
 
     def remove_cluster(self, name: str) -> bool:
         with self.write() as c:
@@ -216,12 +147,26 @@ class StateDB:
 
     # --- runs -------------------------------------------------------------------------------------
 
-    def insert_run(self, run: RunRecord) -> None:
-        data = {k: _encode(v, k) for k, v in run.__dict__.items()}
+    def insert_run(self, run: RunRecord, *, event: str | None = None,
+                   publish: Callable[[], None] | None = None) -> None:
+        """Claim the run's name, then write its folder (`publish`) and its 'created' `event`, in one
+        transaction.
+
+        The INSERT comes first, under the write lock (BEGIN IMMEDIATE): the unique name decides between
+        racing submissions before any of them touches a file, and a loser raises RunExists having written
+        nothing. `publish` runs while no other writer can claim the name, so the folder it writes is the
+        winner's alone. If it fails, or the process is killed before COMMIT, the claim is rolled back and
+        the half-written folder belongs to no run (the next claimant of the name clears it)."""
+        data = {k: encode(v, k) for k, v in run.__dict__.items()}
         try:
             with self.write() as c:
                 c.execute(f"INSERT INTO runs ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
                           tuple(data.values()))
+                if event:
+                    c.execute("INSERT INTO events (run_id, time, kind, message) VALUES (?, ?, 'created', ?)",
+                              (run.id, run.created, event))
+                if publish:
+                    publish()
         except sqlite3.IntegrityError as exc:   # another submission took the name since it was checked
             if "runs.name" not in str(exc):
                 raise
@@ -230,7 +175,7 @@ class StateDB:
     def get_run(self, name_or_id: str) -> RunRecord | None:
         row = self.conn.execute("SELECT * FROM runs WHERE name = ? OR id = ? ORDER BY name = ? DESC LIMIT 1",
                                 (name_or_id, name_or_id, name_or_id)).fetchone()
-        return _row(RunRecord, row) if row else None
+        return from_row(RunRecord, row) if row else None
 
     def list_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None,
                   limit: int | None = None, *, user: str | None = None, offset: int = 0,
@@ -241,24 +186,44 @@ class StateDB:
         if limit or offset:
             sql += " LIMIT ? OFFSET ?"
             args += [int(limit) if limit else -1, int(offset)]
-        return [_row(RunRecord, r) for r in self.conn.execute(sql, args)]
+        return [from_row(RunRecord, r) for r in self.conn.execute(sql, args)]
 
     def count_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
                    user: str | None = None, q: str | None = None) -> int:
         where, args = _run_filter(statuses, cluster, user, q)
         return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
 
-    def delete_run(self, run_id: str) -> bool:
-        """Forget a run; its resumptions and events go with it (ON DELETE CASCADE)."""
+    def delete_run(self, run_id: str, *, unpublish: Callable[[], None] | None = None) -> bool:
+        """Forget a run; its resumptions and events go with it (ON DELETE CASCADE). `unpublish` (moving
+        the run's folder out of the way) runs inside the transaction: once the name is free again, a new
+        run of that name may write its folder, which a late removal of the old one must not reach."""
         with self.write() as c:
-            return c.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
+            deleted = c.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
+            if deleted and unpublish:
+                unpublish()
+            return deleted
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         fields.setdefault("updated", time.time())
         sets = ", ".join(f"{k} = ?" for k in fields)
         with self.write() as c:
             c.execute(f"UPDATE runs SET {sets} WHERE id = ?",
-                      (*(_encode(v, k) for k, v in fields.items()), run_id))
+                      (*(encode(v, k) for k, v in fields.items()), run_id))
+
+    def edit_spec(self, run_id: str, edit: Callable[[dict[str, Any]], dict[str, Any] | None],
+                  publish: Callable[[dict[str, Any]], None]) -> bool:
+        """Replace a run's stored spec by `edit(stored spec)` (None: nothing to change) and write it out by
+        `publish`, in one transaction: edits made at once apply one after the other, each to the spec the
+        one before stored, so none is lost, and the published spec is the stored one. False if the run
+        is gone or nothing changed."""
+        with self.write() as c:
+            row = c.execute("SELECT spec FROM runs WHERE id = ?", (run_id,)).fetchone()
+            spec = edit(json.loads(row[0])) if row else None
+            if spec is None:
+                return False
+            c.execute("UPDATE runs SET spec = ?, updated = ? WHERE id = ?", (json.dumps(spec), time.time(), run_id))
+            publish(spec)
+            return True
 
     def request(self, run_id: str, request: str | None, arg: str | None = None) -> None:
         """Ask the supervisor to stop, move or restart a run (it acts on its next pass)."""
@@ -267,7 +232,7 @@ class StateDB:
     # --- resumptions ------------------------------------------------------------------------------
 
     def add_resumption(self, res: ResumptionRecord) -> None:
-        data = {k: _encode(v, k) for k, v in res.__dict__.items()}
+        data = {k: encode(v, k) for k, v in res.__dict__.items()}
         with self.write() as c:
             c.execute(f"INSERT INTO resumptions ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
                       tuple(data.values()))
@@ -276,7 +241,7 @@ class StateDB:
         sets = ", ".join(f"{k} = ?" for k in fields)
         with self.write() as c:
             c.execute(f"UPDATE resumptions SET {sets} WHERE run_id = ? AND idx = ?",
-                      (*(_encode(v, k) for k, v in fields.items()), run_id, idx))
+                      (*(encode(v, k) for k, v in fields.items()), run_id, idx))
 
     def record_submission(self, run_id: str, idx: int, handle: dict[str, Any]) -> None:
         """The job of a SUBMITTING resumption exists: store its handle and queue the run, in one
@@ -295,7 +260,7 @@ class StateDB:
 
     def resumptions(self, run_id: str) -> list[ResumptionRecord]:
         rows = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx", (run_id,))
-        return [_row(ResumptionRecord, r) for r in rows]
+        return [from_row(ResumptionRecord, r) for r in rows]
 
     def resumptions_of(self, run_ids: list[str]) -> dict[str, list[ResumptionRecord]]:
         """The resumptions of many runs in a few queries (a page of `run list`, not one query per run)."""
@@ -304,7 +269,7 @@ class StateDB:
     def current_resumption(self, run_id: str) -> ResumptionRecord | None:
         row = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx DESC LIMIT 1",
                                 (run_id,)).fetchone()
-        return _row(ResumptionRecord, row) if row else None
+        return from_row(ResumptionRecord, row) if row else None
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -320,7 +285,7 @@ class StateDB:
     def events(self, run_id: str, after_id: int = 0) -> list[EventRecord]:
         rows = self.conn.execute("SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id",
                                  (run_id, after_id))
-        return [_row(EventRecord, r) for r in rows]
+        return [from_row(EventRecord, r) for r in rows]
 
     def events_of(self, run_ids: list[str]) -> dict[str, list[EventRecord]]:
         """The events of many runs in a few queries (see `resumptions_of`)."""
@@ -333,7 +298,7 @@ class StateDB:
             chunk = run_ids[start:start + _CHUNK]
             for row in self.conn.execute(f"SELECT * FROM {table} WHERE run_id IN ({', '.join('?' * len(chunk))}) "
                                          f"ORDER BY {order}", chunk):
-                out[row["run_id"]].append(_row(cls, row))
+                out[row["run_id"]].append(from_row(cls, row))
         return out
 
     # --- nodes ------------------------------------------------------------------------------------

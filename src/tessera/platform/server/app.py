@@ -30,6 +30,8 @@ from tessera.platform.errors import (
     RunNotFound,
     RunStateError,
     SecretError,
+    SecretExists,
+    SecretNotFound,
     SpecError,
 )
 from tessera.platform.secrets import SecretInputError
@@ -50,6 +52,7 @@ MAX_DETAIL = 1000
 # Most specific first: the first class an error is an instance of gives its status.
 _STATUS: list[tuple[type[Exception], int]] = [
     (RunNotFound, 404), (AccountNotFound, 404), (AccountExists, 409), (RunExists, 409), (RunStateError, 409), (RunFailed, 409),
+    (SecretExists, 409), (SecretNotFound, 404),
     (SpecError, 422), (SecretInputError, 422), (SecretError, 400), (ClusterError, 400), (PlatformError, 400), (ValueError, 400),
 ]
 
@@ -59,10 +62,12 @@ def create_app(settings: ServerSettings) -> FastAPI:
     migrate(engine)
     sessions = session_factory(engine)
     use_server_secret_key(settings.home)
-    state = ServerState(settings, engine, Accounts(sessions), AuditLog(sessions), TeamPlatforms(settings.home))
+    teams = TeamPlatforms(settings.home)
+    state = ServerState(settings, engine, Accounts(sessions), AuditLog(sessions, teams.has_run), teams)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        state.audit.settle_pending()   # entries of changes a stopped server was making (audit.py)
         state.teams.resume_supervisors()
         yield
         engine.dispose()

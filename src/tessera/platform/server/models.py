@@ -7,7 +7,7 @@ migrations/versions/, which must match these classes.
 
 from __future__ import annotations
 
-from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text
+from sqlalchemy import Boolean, Float, ForeignKey, Integer, String, Text, false
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -54,3 +54,6 @@ class AuditEntry(Base):
     action: Mapped[str] = mapped_column(String(32))
     target: Mapped[str] = mapped_column(String(255))
     detail: Mapped[str] = mapped_column(Text, default="")
+    # Written before the change (audit.py): True until the change is made, or settled at the next start.
+    pending: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false(), index=True)
+    ref: Mapped[str | None] = mapped_column(String(64), nullable=True)   # the id of the run a submit makes

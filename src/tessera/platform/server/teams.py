@@ -14,7 +14,7 @@ from pathlib import Path
 from tessera.platform.home import private_dir
 from tessera.platform.sdk import Platform
 from tessera.platform.spec import validate_name
-from tessera.platform.state import ACTIVE
+from tessera.platform.state import ACTIVE, StateDB
 from tessera.platform.supervisor import ensure_supervisor
 
 ENV_SECRET_KEY = "TESSERA_SECRET_KEY"
@@ -39,6 +39,15 @@ class TeamPlatforms:
     def open(self, team: str) -> Platform:
         """The team's Platform (its home is created on first use); the caller closes it."""
         return Platform(self.home(team))
+
+    def has_run(self, team: str, run_id: str) -> bool:
+        """Whether the team has the run of that id (what decides a submit's audit entry, audit.py)."""
+        home = self.home(team)
+        if not (home / "state.db").exists():
+            return False
+        with StateDB(home) as db:
+            record = db.get_run(run_id)
+        return record is not None and record.id == run_id
 
     def resume_supervisors(self) -> list[str]:
         """Start the supervisor of every team with active runs (after a reboot nothing else would, until

@@ -23,28 +23,29 @@ def list_users(who: AdminUser, state: State) -> dict[str, Any]:
 
 @router.post("/teams", status_code=201)
 def create_team(body: NewTeam, who: AdminUser, state: State) -> dict[str, Any]:
-    state.accounts.create_team(body.name)
-    state.audit.record(who, "team create", body.name)
+    with state.audit.change(who, "team create", body.name):
+        state.accounts.create_team(body.name)
     return {"name": body.name}
 
 
 @router.post("/users", status_code=201)
 def create_user(body: NewUser, who: AdminUser, state: State) -> dict[str, Any]:
     """The answer holds the user's API key: the only time it is shown."""
-    key = state.accounts.create_user(body.name, body.team, admin=body.admin)
-    state.audit.record(who, "user create", body.name, f"team {body.team}" + (", admin" if body.admin else ""))
+    with state.audit.change(who, "user create", body.name, f"team {body.team}" + (", admin" if body.admin else "")):
+        key = state.accounts.create_user(body.name, body.team, admin=body.admin)
     return {"name": body.name, "team": body.team, "admin": body.admin, "api_key": key}
 
 
 @router.post("/users/{name}/keys", status_code=201)
 def new_key(name: UserName, who: AdminUser, state: State) -> dict[str, Any]:
-    key = state.accounts.new_key(name)
-    state.audit.record(who, "key create", name, f"prefix {key[:PREFIX_CHARS]}")
+    with state.audit.change(who, "key create", name) as entry:
+        key = state.accounts.new_key(name)
+        entry.detail = f"prefix {key[:PREFIX_CHARS]}"
     return {"name": name, "api_key": key}
 
 
 @router.delete("/keys/{prefix}", status_code=204)
 def revoke_key(prefix: KeyPrefix, who: AdminUser, state: State) -> Response:
-    user = state.accounts.revoke_key(prefix)
-    state.audit.record(who, "key revoke", user, f"prefix {prefix}")
+    with state.audit.change(who, "key revoke", prefix, f"prefix {prefix}") as entry:
+        entry.target = state.accounts.revoke_key(prefix)   # the key's user
     return Response(status_code=204)

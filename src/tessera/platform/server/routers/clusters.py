@@ -23,8 +23,8 @@ def list_clusters(platform: TeamPlatform) -> dict[str, Any]:
 
 @router.post("", status_code=201)
 def add_cluster(body: NewCluster, who: CurrentUser, state: State, platform: TeamPlatform) -> dict[str, Any]:
-    cluster = platform.add_cluster(body.name, body.type, replace=body.replace, **body.settings())
-    state.audit.record(who, "cluster add", body.name, f"type {body.type}" + (" (replaced)" if body.replace else ""))
+    with state.audit.change(who, "cluster add", body.name, f"type {body.type}" + (" (replaced)" if body.replace else "")):
+        cluster = platform.add_cluster(body.name, body.type, replace=body.replace, **body.settings())
     return cluster
 
 
@@ -37,8 +37,8 @@ def describe_cluster(name: ClusterName, platform: TeamPlatform) -> dict[str, Any
 @router.delete("/{name}", status_code=204)
 def remove_cluster(name: ClusterName, who: CurrentUser, state: State, platform: TeamPlatform) -> Response:
     _known(platform, name)
-    platform.remove_cluster(name)
-    state.audit.record(who, "cluster remove", name)
+    with state.audit.change(who, "cluster remove", name):
+        platform.remove_cluster(name)
     return Response(status_code=204)
 
 
@@ -46,8 +46,9 @@ def remove_cluster(name: ClusterName, who: CurrentUser, state: State, platform: 
 def clear_node(name: ClusterName, node: NodeName, who: CurrentUser, state: State, platform: TeamPlatform
                ) -> dict[str, Any]:
     _known(platform, name)
-    cleared = platform.clear_node(name, node)
-    state.audit.record(who, "node clear", f"{name}/{node}", "cleared" if cleared else "had no faults")
+    with state.audit.change(who, "node clear", f"{name}/{node}") as entry:
+        cleared = platform.clear_node(name, node)
+        entry.detail = "cleared" if cleared else "had no faults"
     return {"cluster": name, "node": node, "cleared": cleared}
 
 

@@ -1,5 +1,6 @@
 """Runs: list, submit, describe, and the lifecycle verbs (stop, restart, move, clone, update, delete).
-Each handler is one call of the team's Platform; every change is written to the audit log."""
+Each handler is one call of the team's Platform inside its audit entry (audit.py: written before the
+change, done before the answer). A submit or clone picks the new run's id first, so its entry names it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
+from tessera.platform.sdk_inputs import as_spec
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import Limit, Offset, RunName
 from tessera.platform.server.schemas import (
@@ -18,6 +20,7 @@ from tessera.platform.server.schemas import (
     UpdateRun,
 )
 from tessera.platform.spec import validate_name
+from tessera.platform.state import new_run_id
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -39,8 +42,11 @@ def list_runs(platform: TeamPlatform,
 
 @router.post("", status_code=201)
 def submit_run(body: SubmitRun, who: CurrentUser, state: State, platform: TeamPlatform) -> dict[str, Any]:
-    run = platform.create_run(body.spec, cluster=body.cluster, workdir=state.teams.home(who.team), user=who.user)
-    state.audit.record(who, "submit", run.name, f"cluster {run.cluster}")
+    spec, run_id = as_spec(body.spec), new_run_id()
+    with state.audit.change(who, "submit", spec.name, ref=run_id) as entry:
+        run = platform.create_run(spec, cluster=body.cluster, workdir=state.teams.home(who.team), user=who.user,
+                                  run_id=run_id)
+        entry.detail = f"cluster {run.cluster}"
     return platform.describe_run(run.name)
 
 
@@ -51,8 +57,8 @@ def describe_run(name: RunName, platform: TeamPlatform) -> dict[str, Any]:
 
 @router.post("/{name}/stop")
 def stop_run(name: RunName, who: CurrentUser, state: State, platform: TeamPlatform) -> dict[str, Any]:
-    platform.stop_run(name)
-    state.audit.record(who, "stop", name)
+    with state.audit.change(who, "stop", name):
+        platform.stop_run(name)
     return platform.describe_run(name)
 
 
@@ -60,24 +66,26 @@ def stop_run(name: RunName, who: CurrentUser, state: State, platform: TeamPlatfo
 def restart_run(name: RunName, who: CurrentUser, state: State, platform: TeamPlatform,
                 body: ClusterChoice | None = None) -> dict[str, Any]:
     cluster = body.cluster if body else None
-    platform.restart_run(name, cluster)
-    state.audit.record(who, "restart", name, f"cluster {cluster}" if cluster else "")
+    with state.audit.change(who, "restart", name, f"cluster {cluster}" if cluster else ""):
+        platform.restart_run(name, cluster)
     return platform.describe_run(name)
 
 
 @router.post("/{name}/move")
 def move_run(name: RunName, body: MoveRun, who: CurrentUser, state: State, platform: TeamPlatform
              ) -> dict[str, Any]:
-    platform.move_run(name, body.cluster)
-    state.audit.record(who, "move", name, f"to cluster {body.cluster}")
+    with state.audit.change(who, "move", name, f"to cluster {body.cluster}"):
+        platform.move_run(name, body.cluster)
     return platform.describe_run(name)
 
 
 @router.post("/{name}/clone", status_code=201)
 def clone_run(name: RunName, body: CloneRun, who: CurrentUser, state: State, platform: TeamPlatform
               ) -> dict[str, Any]:
-    run = platform.clone_run(name, body.name, cluster=body.cluster, gpus=body.gpus, user=who.user)
-    state.audit.record(who, "clone", name, f"as {run.name} on cluster {run.cluster}")
+    run_id = new_run_id()
+    with state.audit.change(who, "clone", name, f"as {body.name}", ref=run_id) as entry:
+        run = platform.clone_run(name, body.name, cluster=body.cluster, gpus=body.gpus, user=who.user, run_id=run_id)
+        entry.detail = f"as {run.name} on cluster {run.cluster}"
     return platform.describe_run(run.name)
 
 
@@ -85,13 +93,13 @@ def clone_run(name: RunName, body: CloneRun, who: CurrentUser, state: State, pla
 def update_run(name: RunName, body: UpdateRun, who: CurrentUser, state: State, platform: TeamPlatform
                ) -> dict[str, Any]:
     changes = body.model_dump(exclude_none=True)
-    platform.update_run(name, **changes)
-    state.audit.record(who, "update", name, ", ".join(f"{k}={v}" for k, v in changes.items()))
+    with state.audit.change(who, "update", name, ", ".join(f"{k}={v}" for k, v in changes.items())):
+        platform.update_run(name, **changes)
     return platform.describe_run(name)
 
 
 @router.delete("/{name}", status_code=204)
 def delete_run(name: RunName, who: CurrentUser, state: State, platform: TeamPlatform) -> Response:
-    platform.delete_run(name)
-    state.audit.record(who, "delete", name)
+    with state.audit.change(who, "delete", name):
+        platform.delete_run(name)
     return Response(status_code=204)
