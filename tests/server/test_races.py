@@ -3,6 +3,7 @@
 - the same run name submitted by six clients at once: one 201, five 409 with one clear line, never a 500,
   and the winner's folder holds the winner's spec (the database decides before a file is written); a
   submission whose folder fails half-way is rolled back (in process);
+- the same cluster name added by four clients at once: one 201, three 400 (as a second add gets);
 - two updates of one run at once (priority, max_retries): both are stored, in the database and spec.yaml;
   of four deletions at once one gets 204, three 404;
 - the same secret written by eight clients at once: without overwrite one 201 and seven 409, with
@@ -98,6 +99,15 @@ def test_concurrent_updates_of_one_run_lose_no_change(racer: ServerProcess) -> N
         removed = _at_once([lambda api: api.delete("runs/patched")] * 4, api)
         assert sorted(a.status_code for a in removed) == [204, 404, 404, 404], [a.text for a in removed]
         assert _audit(api, "delete")["patched"] == 1 and _audit(api, "update")["patched"] == 10
+
+
+def test_same_cluster_name_one_winner(racer: ServerProcess) -> None:
+    with racer.client("alice") as api:
+        answers = _at_once([lambda api: api.post("clusters", json={"name": "box", "type": "local"})] * 4, api)
+        assert sorted(a.status_code for a in answers) == [201, 400, 400, 400], [a.text for a in answers]
+        for lost in (a for a in answers if a.status_code == 400):
+            assert lost.json()["detail"].startswith("cluster 'box' exists"), lost.text
+        assert _audit(api, "cluster add")["box"] == 1
 
 
 def test_a_submission_whose_folder_fails_is_rolled_back(tmp_path: Path) -> None:

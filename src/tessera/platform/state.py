@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tessera.platform.errors import RunExists
+from tessera.platform.errors import ClusterError, RunExists
 from tessera.platform.home import tessera_home
 from tessera.platform.state_schema import (
     LIST_INDEXES,
@@ -129,10 +129,14 @@ class StateDB:
     # --- clusters ---------------------------------------------------------------------------------
 
     def add_cluster(self, name: str, type_: str, config: dict[str, Any], replace: bool = False) -> None:
+        """ClusterError if the name is taken and not `replace`d (the unique name decides a race)."""
         verb = "INSERT OR REPLACE" if replace else "INSERT"
-        with self.write() as c:
-            c.execute(f"{verb} INTO clusters (name, type, config, created) VALUES (?, ?, ?, ?)",
-                      (name, type_, json.dumps(config), time.time()))
+        try:
+            with self.write() as c:
+                c.execute(f"{verb} INTO clusters (name, type, config, created) VALUES (?, ?, ?, ?)",
+                          (name, type_, json.dumps(config), time.time()))
+        except sqlite3.IntegrityError:
+            raise ClusterError(f"cluster {name!r} exists; remove it first (tessera cluster remove {name})") from None
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
         row = self.conn.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
