@@ -45,11 +45,11 @@ from typing import Any
 
 from tests_shared import TESTS
 
+from tessera.platform.api.inputs import as_spec
+from tessera.platform.api.sdk import Platform
 from tessera.platform.home import private_dir
-from tessera.platform.sdk import Platform
-from tessera.platform.sdk_inputs import as_spec
-from tessera.platform.state import EventRecord, ResumptionRecord, RunRecord, StateDB
-from tessera.platform.supervisor import stop_supervisor
+from tessera.platform.store.state import EventRecord, ResumptionRecord, RunRecord, StateDB
+from tessera.platform.supervision.supervisor import stop_supervisor
 
 HIST_USERS = ("hist1", "hist2", "hist3", "hist4")
 STATUSES = ("COMPLETED", "COMPLETED", "COMPLETED", "FAILED", "STOPPED")

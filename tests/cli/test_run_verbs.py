@@ -16,8 +16,8 @@ from typer.testing import CliRunner, Result
 from tessera.cli.main import app
 from tessera.cli.run import clone_name
 from tessera.platform import Platform
-from tessera.platform.spec import validate_name
-from tessera.platform.supervisor import stop_supervisor
+from tessera.platform.spec.run_spec import validate_name
+from tessera.platform.supervision.supervisor import stop_supervisor
 
 runner = CliRunner()
 SETTINGS = {"TESSERA_SUPERVISOR_POLL": "0.2", "TESSERA_SUPERVISOR_IDLE": "60", "TESSERA_RETRY_BACKOFF": "0"}

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
-from tessera.platform.secrets import SecretStore
+from tessera.platform.secrets.vault import SecretStore
 
 runner = CliRunner()
 KEY = "wJalrXUtnFEMI-not-a-real-key"

@@ -17,7 +17,7 @@ from trainer_helpers import STEPS, TIMEOUT, final_weights, losses, train_command
 
 from tessera.platform import Platform
 from tessera.platform.clusters.local import _processes_running
-from tessera.platform.supervisor import stop_supervisor
+from tessera.platform.supervision.supervisor import stop_supervisor
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tessera.platform.clusters.base import JobState, NodeExit
-from tessera.platform.failures import Action, Evidence, FailureKind, classify, first_exception
+from tessera.platform.supervision.failures import Action, Evidence, FailureKind, classify, first_exception
 
 TRACEBACK = """step 0
 Traceback (most recent call last):

@@ -15,15 +15,15 @@ from platform_helpers import SlurmCluster
 from tessera.platform import Platform
 from tessera.platform.clusters import gpu_preflight
 from tessera.platform.clusters.base import JobState, NodeExit
-from tessera.platform.failures import Evidence, FailureKind, classify
-from tessera.platform.gpu_health import (
+from tessera.platform.spec.run_spec import validate_spec
+from tessera.platform.supervision.failures import Evidence, FailureKind, classify
+from tessera.platform.supervision.gpu_health import (
     PREFLIGHT_FAULT_EXIT,
     PREFLIGHT_SCRIPT,
     preflight_step,
     read_preflight,
     scan,
 )
-from tessera.platform.spec import validate_spec
 
 TEXTS = Path(__file__).with_name("gpu_texts")
 NODES = ["n1", "n2"]

@@ -14,7 +14,7 @@ from k8s_stub import KubeStub
 from tessera.platform.clusters.base import JobState, LaunchRequest
 from tessera.platform.clusters.kubernetes import KubernetesBackend, build_manifests, job_name
 from tessera.platform.errors import ClusterError
-from tessera.platform.spec import parse_spec
+from tessera.platform.spec.run_spec import parse_spec
 
 SECRET = "k8s-secret-value-93a1"
 

@@ -15,9 +15,10 @@ import pytest
 import yaml
 from platform_helpers import wait_for
 
-from tessera.platform import Platform, Run, RunFailed, RunNotFound, RunStateError, SpecError, sdk
-from tessera.platform.state import PENDING, RunRecord, StateDB, new_run_id
-from tessera.platform.state_schema import SCHEMA, SCHEMA_VERSION
+from tessera.platform import Platform, Run, RunFailed, RunNotFound, RunStateError, SpecError
+from tessera.platform.api import sdk
+from tessera.platform.store.state import PENDING, RunRecord, StateDB, new_run_id
+from tessera.platform.store.state_schema import SCHEMA, SCHEMA_VERSION
 
 TIMEOUT = 30
 
@@ -204,8 +205,8 @@ def test_metrics_are_read_incrementally_from_the_run_folder(platform: Platform, 
 
 
 def test_a_line_longer_than_the_read_limit_is_skipped(tmp_path: Path) -> None:
-    from tessera.platform.metrics import read_metrics
-    from tessera.platform.redaction import Redactor
+    from tessera.platform.runs.metrics import read_metrics
+    from tessera.platform.secrets.redaction import Redactor
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n' + "x" * 100 + '\n{"step": 2}\n')
     rows, offset = read_metrics(tmp_path, Redactor([]), 0, limit=40)

@@ -14,7 +14,7 @@ import pytest
 from platform_helpers import steps_done, trainer_command, wait_for
 
 from tessera.platform import Platform, RunFailed
-from tessera.platform.supervisor import ensure_supervisor, stop_supervisor, supervisor_running
+from tessera.platform.supervision.supervisor import ensure_supervisor, stop_supervisor, supervisor_running
 
 TIMEOUT = 30
 

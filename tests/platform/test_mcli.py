@@ -19,9 +19,9 @@ from tessera.platform.clusters.containers import runtime_argv
 from tessera.platform.clusters.local import LocalBackend
 from tessera.platform.clusters.slurm import BATCH_SCRIPT, SlurmBackend
 from tessera.platform.errors import ClusterError, SpecError
-from tessera.platform.integrations import node_workdir, prelude_steps
-from tessera.platform.mcli import is_mcli, to_run_spec
-from tessera.platform.spec import RESERVED_ENV, load_spec, parse_spec, validate_spec
+from tessera.platform.spec.mcli import is_mcli, to_run_spec
+from tessera.platform.spec.run_spec import RESERVED_ENV, load_spec, parse_spec, validate_spec
+from tessera.platform.supervision.integrations import node_workdir, prelude_steps
 
 PROBE = "tessera-mcli-probe"
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner, Result
 
 from tessera.cli.main import app
 from tessera.platform import Platform, RunNotFound, SecretError
-from tessera.platform.client import MAX_LINE, RemotePlatform, _lines, sse_data
+from tessera.platform.api.client import MAX_LINE, RemotePlatform, _lines, sse_data
 from tessera.platform.clusters.local import free_port
 
 runner = CliRunner()

@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from tessera.cli.main import app
 from tessera.platform import SecretError
-from tessera.platform.secret_input import parse_env_lines, values_from_environ, values_from_files
-from tessera.platform.secrets import SecretStore
+from tessera.platform.secrets.input import parse_env_lines, values_from_environ, values_from_files
+from tessera.platform.secrets.vault import SecretStore
 
 TOKEN = "tok-3f9a=b#c d"  # '=', '#' and a space survive every path
 

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.serialization import (
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
-from tessera.platform.secrets import SecretInputError, SecretStore
+from tessera.platform.secrets.vault import SecretInputError, SecretStore
 
 KEY = Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption())
 KEY_LINE = KEY.decode().splitlines()[1]

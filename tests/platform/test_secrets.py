@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 
 from tessera.cli.main import app
 from tessera.platform import Platform, SecretError
-from tessera.platform.redaction import MIN_BASE64_LEN, REDACTED, Redactor
-from tessera.platform.secret_crypto import _create_key_file
-from tessera.platform.secret_types import MAX_FILENAME_BYTES
-from tessera.platform.secrets import FileSecret, SecretInputError, SecretStore
-from tessera.platform.spec_schema import shorten
+from tessera.platform.secrets.crypto import _create_key_file
+from tessera.platform.secrets.redaction import MIN_BASE64_LEN, REDACTED, Redactor
+from tessera.platform.secrets.types import MAX_FILENAME_BYTES
+from tessera.platform.secrets.vault import FileSecret, SecretInputError, SecretStore
+from tessera.platform.spec.schema import shorten
 
 ENV_VALUE = "tok-8c1f2e9d7b"
 S3_SECRET = "s3-secret-5a4b3c2d1e"

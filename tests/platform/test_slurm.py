@@ -12,7 +12,7 @@ from platform_helpers import SlurmCluster, steps_done, trainer_command, wait_for
 from tessera.platform import Platform
 from tessera.platform.clusters.base import JobState, LaunchRequest
 from tessera.platform.clusters.slurm import SlurmBackend
-from tessera.platform.spec import parse_spec
+from tessera.platform.spec.run_spec import parse_spec
 
 TIMEOUT = 60
 

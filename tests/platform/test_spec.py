@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.platform import SpecError, load_spec, parse_spec
-from tessera.platform.spec import format_duration, parse_duration
+from tessera.platform.spec.run_spec import format_duration, parse_duration
 
 EXAMPLE = """
 name: gpt-tiny

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tessera.platform import SpecError, parse_spec
-from tessera.platform.spec import (
+from tessera.platform.spec.run_spec import (
     MAX_GPUS_PER_NODE,
     MAX_NODES,
     MAX_PROCS_PER_NODE,

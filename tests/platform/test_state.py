@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tessera.platform.errors import RunExists
-from tessera.platform.state import PENDING, RunRecord, StateDB, new_run_id
+from tessera.platform.store.state import PENDING, RunRecord, StateDB, new_run_id
 
 
 def _writer(home: str, run_id: str, count: int) -> None:

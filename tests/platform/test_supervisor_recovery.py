@@ -17,7 +17,7 @@ import pytest
 from platform_helpers import FAULT_PLUGINS, SlurmCluster, steps_done, trainer_command, wait_for
 
 from tessera.platform import Platform, RunFailed
-from tessera.platform.supervisor import ensure_supervisor, supervisor_running
+from tessera.platform.supervision.supervisor import ensure_supervisor, supervisor_running
 
 TIMEOUT = 60
 

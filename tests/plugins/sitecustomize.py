@@ -13,7 +13,7 @@ nothing:
   that wants it once sets the variable only while `TESSERA_RESUMPTION` is 0.
 - `TESSERA_SUPERVISOR_FAULT=after_intent|after_submit`: the supervisor exits at once (status 70, as a
   killed process leaves things) right after writing a resumption's intent row, or right before storing
-  the submitted job's id: the two windows `tessera.platform.submission` must survive.
+  the submitted job's id: the two windows `tessera.platform.supervision.submission` must survive.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def inject_out_of_memory(step: int) -> None:
 
 def inject_supervisor_exit(point: str) -> None:
     """Exit at `point` of a submission, found through the state writes that bracket `backend.submit`."""
-    from tessera.platform.state import StateDB
+    from tessera.platform.store.state import StateDB
 
     if point == "after_intent":
         add_resumption = StateDB.add_resumption

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tessera.platform.clusters.local import free_port
-from tessera.platform.supervisor import stop_supervisor
+from tessera.platform.supervision.supervisor import stop_supervisor
 
 START_TIMEOUT = 30.0
 

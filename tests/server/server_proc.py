@@ -23,7 +23,7 @@ from types import ModuleType
 import httpx
 
 from tessera.platform.clusters.local import free_port
-from tessera.platform.supervisor import stop_supervisor
+from tessera.platform.supervision.supervisor import stop_supervisor
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 TERMINAL = ("COMPLETED", "FAILED", "STOPPED")

@@ -22,7 +22,7 @@ from alembic.script import ScriptDirectory
 from server.conftest import SERVER_CLI, start_server, stop_server
 
 from tessera.platform.server.accounts import Accounts
-from tessera.platform.server.db import MIGRATIONS, make_engine, session_factory
+from tessera.platform.store.db import MIGRATIONS, make_engine, session_factory
 
 
 @pytest.fixture(scope="module")

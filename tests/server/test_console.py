@@ -25,9 +25,9 @@ import httpx
 import pytest
 
 from tessera.platform.clusters.local import free_port
-from tessera.platform.server.db import migrate
 from tessera.platform.server.settings import ServerSettings
-from tessera.platform.supervisor import stop_supervisor
+from tessera.platform.store.db import migrate
+from tessera.platform.supervision.supervisor import stop_supervisor
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 expect = sync_api.expect

@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from tessera.cli.server import app as server_cli
 from tessera.platform.clusters.local import free_port
-from tessera.platform.server.db import MIGRATIONS
-from tessera.platform.supervisor import stop_supervisor
+from tessera.platform.store.db import MIGRATIONS
+from tessera.platform.supervision.supervisor import stop_supervisor
 
 
 def _head() -> str:

@@ -30,9 +30,9 @@ import pytest
 import yaml
 from server_proc import ServerProcess, served
 
-from tessera.platform.sdk import Platform
-from tessera.platform.secrets import SecretStore
-from tessera.platform.state import PENDING, RunRecord, new_run_id
+from tessera.platform.api.sdk import Platform
+from tessera.platform.secrets.vault import SecretStore
+from tessera.platform.store.state import PENDING, RunRecord, new_run_id
 
 RACERS = 6
 NAMES = 4

@@ -11,9 +11,9 @@ from rich.table import Table
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError
-from tessera.platform.client import RemotePlatform
-from tessera.platform.connection import connect
-from tessera.platform.spec import validate_name
+from tessera.platform.api.client import RemotePlatform
+from tessera.platform.api.connection import connect
+from tessera.platform.spec.run_spec import validate_name
 
 app = typer.Typer(help="Register clusters (local, slurm, kubernetes) and look at their nodes.", no_args_is_help=True)
 

@@ -15,8 +15,8 @@ import typer
 
 from tessera.cli.console import err, fail
 from tessera.platform import PlatformError
-from tessera.platform.client import RemotePlatform
-from tessera.platform.connection import ENV_URL, forget_credentials, save_credentials
+from tessera.platform.api.client import RemotePlatform
+from tessera.platform.api.connection import ENV_URL, forget_credentials, save_credentials
 
 
 def _read_key() -> str:

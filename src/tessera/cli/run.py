@@ -16,9 +16,9 @@ from rich.table import Table
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import Platform, PlatformError, RunExists, RunStateError, SpecError
-from tessera.platform.client import RemotePlatform
-from tessera.platform.connection import connect
-from tessera.platform.spec import format_duration
+from tessera.platform.api.client import RemotePlatform
+from tessera.platform.api.connection import connect
+from tessera.platform.spec.run_spec import format_duration
 
 app = typer.Typer(help="Submit runs and watch, stop, restart, move, clone or delete them.", no_args_is_help=True)
 AnyPlatform = Platform | RemotePlatform
@@ -252,7 +252,7 @@ def clone(name: str,
 @app.command("convert")
 def convert(file: str = typer.Argument(..., help="An MCLI run YAML.")) -> None:
     """Print the Tessera run spec an MCLI run YAML becomes (what `run submit -f FILE` runs)."""
-    from tessera.platform.mcli import to_run_spec
+    from tessera.platform.spec.mcli import to_run_spec
 
     try:
         with open(file, encoding="utf-8") as f:

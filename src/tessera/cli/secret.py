@@ -21,9 +21,9 @@ import typer
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
-from tessera.platform.connection import connect
+from tessera.platform.api.connection import connect
 from tessera.platform.errors import PlatformError
-from tessera.platform.secret_input import (
+from tessera.platform.secrets.input import (
     content_from_file,
     merge_values,
     parse_env_lines,
@@ -33,8 +33,8 @@ from tessera.platform.secret_input import (
     values_from_environ,
     values_from_files,
 )
-from tessera.platform.secret_types import DOCKER_HUB
-from tessera.platform.secrets import SecretInfo, SecretInputError, secret_json
+from tessera.platform.secrets.types import DOCKER_HUB
+from tessera.platform.secrets.vault import SecretInfo, SecretInputError, secret_json
 
 app = typer.Typer(help="Store credentials for runs (encrypted at rest); values are never shown.",
                   no_args_is_help=True)

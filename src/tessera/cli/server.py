@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from tessera.cli.console import err, fail, out
 from tessera.platform import PlatformError
-from tessera.platform.redaction import hide_api_keys
+from tessera.platform.secrets.redaction import hide_api_keys
 from tessera.platform.server.accounts import Accounts
 from tessera.platform.server.settings import ServerSettings
 
@@ -43,7 +43,7 @@ def _settings(home: Path | None, db: str | None, **more: object) -> ServerSettin
 
 def _accounts(home: Path | None, db: str | None) -> Accounts:
     # Imported here, as uvicorn and the app are in `start`: every `tessera` command loads this module.
-    from tessera.platform.server.db import make_engine, migrate, session_factory
+    from tessera.platform.store.db import make_engine, migrate, session_factory
 
     settings = _settings(home, db)
     try:
@@ -69,7 +69,7 @@ def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.
     import uvicorn
 
     from tessera.platform.server.app import create_app
-    from tessera.platform.server.db import safe_url
+    from tessera.platform.store.db import safe_url
 
     settings = _settings(home, db, host=host, port=port)
     try:

@@ -9,18 +9,8 @@ TESSERA_API_URL or `tessera login` names a server; the client loads on first use
 from typing import TYPE_CHECKING
 
 from tessera.lazy_exports import lazy_exports
-from tessera.platform.connection import connect
-from tessera.platform.errors import (
-    ClusterError,
-    PlatformError,
-    RunExists,
-    RunFailed,
-    RunNotFound,
-    RunStateError,
-    SecretError,
-    SpecError,
-)
-from tessera.platform.sdk import (
+from tessera.platform.api.connection import connect
+from tessera.platform.api.sdk import (
     Platform,
     Run,
     clone_run,
@@ -37,10 +27,20 @@ from tessera.platform.sdk import (
     update_run,
     wait_for_run_status,
 )
-from tessera.platform.spec import RunSpec, load_spec, parse_spec
+from tessera.platform.errors import (
+    ClusterError,
+    PlatformError,
+    RunExists,
+    RunFailed,
+    RunNotFound,
+    RunStateError,
+    SecretError,
+    SpecError,
+)
+from tessera.platform.spec.run_spec import RunSpec, load_spec, parse_spec
 
 if TYPE_CHECKING:
-    from tessera.platform.client import RemotePlatform
+    from tessera.platform.api.client import RemotePlatform
 
 __getattr__ = lazy_exports(__name__, {"client": ["RemotePlatform"]})
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.platform.home import write_private
-from tessera.platform.spec import RunSpec
+from tessera.platform.spec.run_spec import RunSpec
 
 LAUNCHER = Path(__file__).with_name("launch.py")
 

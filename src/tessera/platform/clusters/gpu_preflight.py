@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 
-FAULT_EXIT = 86   # tessera.platform.gpu_health.PREFLIGHT_FAULT_EXIT
+FAULT_EXIT = 86   # tessera.platform.supervision.gpu_health.PREFLIGHT_FAULT_EXIT
 HERE = os.path.dirname(os.path.abspath(__file__))
 GPU_FIELDS = ("index", "uuid", "pci.bus_id", "name", "ecc.errors.uncorrected.volatile.total",
               "retired_pages.pending")

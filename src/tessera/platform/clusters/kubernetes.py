@@ -37,7 +37,7 @@ from tessera.platform.clusters.base import (
 )
 from tessera.platform.clusters.prelude_shell import prelude_script
 from tessera.platform.errors import ClusterError
-from tessera.platform.spec import RunSpec
+from tessera.platform.spec.run_spec import RunSpec
 
 LABEL_RUN, LABEL_JOB = "tessera.dev/run", "tessera.dev/job"
 INDEX_ANNOTATION = "batch.kubernetes.io/job-completion-index"

@@ -34,7 +34,7 @@ from tessera.platform.clusters.base import (
 )
 from tessera.platform.clusters.containers import CONTAINER_PYTHON, container_name, local_runtime, runtime_argv
 from tessera.platform.errors import ClusterError
-from tessera.platform.spec import RunSpec
+from tessera.platform.spec.run_spec import RunSpec
 
 _children: dict[int, subprocess.Popen[bytes]] = {}   # reaped on status(), so no zombies pile up
 

@@ -34,7 +34,7 @@ from tessera.platform.clusters.base import (
 )
 from tessera.platform.clusters.containers import CONTAINER_PYTHON, apptainer_prefix, pyxis_args
 from tessera.platform.errors import ClusterError
-from tessera.platform.spec import RunSpec
+from tessera.platform.spec.run_spec import RunSpec
 
 # squeue's job_state -> ours. Anything not listed counts as still running (e.g. COMPLETING, SUSPENDED).
 _STATES = {

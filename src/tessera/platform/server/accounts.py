@@ -16,9 +16,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tessera.platform.errors import PlatformError
-from tessera.platform.redaction import API_KEY_PREFIX
-from tessera.platform.server.models import ApiKey, Team, User
-from tessera.platform.spec import validate_name
+from tessera.platform.secrets.redaction import API_KEY_PREFIX
+from tessera.platform.spec.run_spec import validate_name
+from tessera.platform.store.models import ApiKey, Team, User
 
 KEY_PREFIX = API_KEY_PREFIX   # the masks find keys by it (redaction.py)
 PREFIX_CHARS = 12

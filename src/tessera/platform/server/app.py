@@ -34,14 +34,14 @@ from tessera.platform.errors import (
     SecretNotFound,
     SpecError,
 )
-from tessera.platform.secrets import SecretInputError
+from tessera.platform.secrets.vault import SecretInputError
 from tessera.platform.server.accounts import AccountExists, AccountNotFound, Accounts
 from tessera.platform.server.audit import AuditLog
-from tessera.platform.server.db import make_engine, migrate, session_factory
 from tessera.platform.server.routers import account, admin, clusters, run_output, runs, secrets
 from tessera.platform.server.settings import ServerSettings
 from tessera.platform.server.state import ServerState
 from tessera.platform.server.teams import TeamPlatforms, use_server_secret_key
+from tessera.platform.store.db import make_engine, migrate, session_factory
 
 STATIC = Path(__file__).resolve().parent / "static"
 API = "/api/v1"

@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from tessera.platform.errors import PlatformError
 from tessera.platform.server.accounts import Principal
-from tessera.platform.server.models import AuditEntry
+from tessera.platform.store.models import AuditEntry
 
 MAX_DETAIL = 2000
 STOPPED = "unconfirmed: the server stopped during this request"

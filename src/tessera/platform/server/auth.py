@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request, Security
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 
-from tessera.platform.sdk import Platform
+from tessera.platform.api.sdk import Platform
 from tessera.platform.server.accounts import Principal
 from tessera.platform.server.state import ServerState
 

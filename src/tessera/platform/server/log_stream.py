@@ -14,10 +14,10 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 
-from tessera.platform import logs
+from tessera.platform.api.sdk import Platform
 from tessera.platform.errors import RunNotFound
-from tessera.platform.run_info import Run
-from tessera.platform.sdk import Platform
+from tessera.platform.runs import logs
+from tessera.platform.runs.info import Run
 
 MAX_BUFFERED = 5000   # lines read ahead of a slow client
 KEEPALIVE = 15.0      # seconds of silence after which the stream sends a comment

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Query
 
 from tessera.platform.server.schemas import NAME_MAX
-from tessera.platform.spec import validate_name
+from tessera.platform.spec.run_spec import validate_name
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 10_000_000

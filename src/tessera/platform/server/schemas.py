@@ -8,8 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tessera.platform.spec import MAX_GPUS_PER_NODE, MAX_RETRIES, validate_name
-from tessera.platform.spec_schema import NAME_MAX
+from tessera.platform.spec.run_spec import MAX_GPUS_PER_NODE, MAX_RETRIES, validate_name
+from tessera.platform.spec.schema import NAME_MAX
 
 # A name's bound is checked by validate_name, whose one-line error names the value and the bound (a
 # max_length here would answer first, without the value); the schema still shows it.

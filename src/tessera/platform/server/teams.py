@@ -11,11 +11,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tessera.platform.api.sdk import Platform
 from tessera.platform.home import private_dir
-from tessera.platform.sdk import Platform
-from tessera.platform.spec import validate_name
-from tessera.platform.state import ACTIVE, StateDB
-from tessera.platform.supervisor import ensure_supervisor
+from tessera.platform.spec.run_spec import validate_name
+from tessera.platform.store.state import ACTIVE, StateDB
+from tessera.platform.supervision.supervisor import ensure_supervisor
 
 ENV_SECRET_KEY = "TESSERA_SECRET_KEY"
 ENV_SECRET_KEY_FILE = "TESSERA_SECRET_KEY_FILE"

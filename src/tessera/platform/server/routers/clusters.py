@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Path, Response
 
-from tessera.platform.sdk import Platform
+from tessera.platform.api.sdk import Platform
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import ClusterName
 from tessera.platform.server.schemas import NewCluster

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
-from tessera.platform.sdk import Platform
+from tessera.platform.api.sdk import Platform
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.log_stream import sse_events
 from tessera.platform.server.params import RunName

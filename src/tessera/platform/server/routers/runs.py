@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 
-from tessera.platform.sdk_inputs import as_spec
+from tessera.platform.api.inputs import as_spec
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import Limit, Offset, RunName
 from tessera.platform.server.schemas import (
@@ -19,8 +19,8 @@ from tessera.platform.server.schemas import (
     SubmitRun,
     UpdateRun,
 )
-from tessera.platform.spec import validate_name
-from tessera.platform.state import new_run_id
+from tessera.platform.spec.run_spec import validate_name
+from tessera.platform.store.state import new_run_id
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from tessera.platform.spec import RunSpec
-from tessera.platform.state import TERMINAL, EventRecord, ResumptionRecord, RunRecord
+from tessera.platform.spec.run_spec import RunSpec
+from tessera.platform.store.state import TERMINAL, EventRecord, ResumptionRecord, RunRecord
 
 
 @dataclass

@@ -29,8 +29,8 @@ import yaml
 from pydantic import ValidationError
 
 from tessera.platform.errors import SpecError
-from tessera.platform.mcli import is_mcli, to_run_spec
-from tessera.platform.spec_schema import (
+from tessera.platform.spec.mcli import is_mcli, to_run_spec
+from tessera.platform.spec.schema import (
     MAX_CPUS_PER_NODE,
     MAX_GPUS_PER_NODE,
     MAX_INTEGRATIONS,

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from tessera.platform.clusters.base import JobState, NodeExit
-from tessera.platform.gpu_health import Blame, GpuFault, preflight_faults, scan
+from tessera.platform.supervision.gpu_health import Blame, GpuFault, preflight_faults, scan
 
 
 class FailureKind(StrEnum):

@@ -9,7 +9,7 @@ where it was. It exits after `idle_exit` seconds with nothing to watch.
 This module owns the process: the lock, the pid file, the loop and starting or stopping it. What a pass
 does to a run is in run_pass.py, submission.py and retries.py; what they share, in supervisor_context.py.
 
-    python -m tessera.platform.supervisor [--home DIR]
+    python -m tessera.platform.supervision.supervisor [--home DIR]
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from tessera.platform.errors import PlatformError
 from tessera.platform.home import tessera_home
-from tessera.platform.run_pass import step
-from tessera.platform.state import ACTIVE, RUNNING, STARTING, STOPPING, RunRecord
-from tessera.platform.supervisor_context import SupervisorContext, SupervisorSettings, cluster_backend
+from tessera.platform.store.state import ACTIVE, RUNNING, STARTING, STOPPING, RunRecord
+from tessera.platform.supervision.context import SupervisorContext, SupervisorSettings, cluster_backend
+from tessera.platform.supervision.run_pass import step
 
 __all__ = ["Supervisor", "SupervisorSettings", "cluster_backend", "ensure_supervisor", "main",
            "stop_supervisor", "supervisor_running"]
@@ -142,7 +142,7 @@ def ensure_supervisor(home: str | Path | None = None, env: dict[str, str] | None
     log = open(home / "supervisor.log", "ab")
     try:
         # -c rather than -m: the package __init__ already imports this module (runpy would warn)
-        subprocess.Popen([sys.executable, "-c", "import sys; from tessera.platform.supervisor import main; "
+        subprocess.Popen([sys.executable, "-c", "import sys; from tessera.platform.supervision.supervisor import main; "
                           "sys.exit(main(sys.argv[1:]))", "--home", str(home)],
                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
                          close_fds=True, env={**os.environ, **(env or {})})
@@ -171,7 +171,7 @@ def stop_supervisor(home: str | Path | None = None, timeout: float = 10.0) -> bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tessera.platform.supervisor", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m tessera.platform.supervision.supervisor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--home", default=None, help="TESSERA_HOME (default: $TESSERA_HOME or ~/.tessera)")
     args = parser.parse_args(argv)

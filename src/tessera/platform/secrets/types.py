@@ -32,9 +32,9 @@ from pydantic import (
     model_validator,
 )
 
-from tessera.platform.aws_ini import aws_profile, parse_ini
 from tessera.platform.errors import SecretError
-from tessera.platform.spec_schema import RESERVED_ENV, shorten, validate_name
+from tessera.platform.secrets.aws_ini import aws_profile, parse_ini
+from tessera.platform.spec.schema import RESERVED_ENV, shorten, validate_name
 
 MAX_FILE_BYTES = 64 * 1024     # a key, a credentials JSON, an AWS config: far smaller (the client's limit too)
 MAX_VALUE_CHARS = 64 * 1024    # one environment variable's value

@@ -10,8 +10,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from tessera.platform.spec import RunSpec, load_spec, parse_spec, validate_spec
-from tessera.platform.state import ALL_STATUSES
+from tessera.platform.spec.run_spec import RunSpec, load_spec, parse_spec, validate_spec
+from tessera.platform.store.state import ALL_STATUSES
 
 
 def run_statuses(status: str | Iterable[str] | None) -> tuple[str, ...] | None:

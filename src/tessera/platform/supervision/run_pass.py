@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from tessera.platform.clusters import ClusterBackend, JobState, JobStatus
-from tessera.platform.gpu_health import hardware_fault
-from tessera.platform.progress import describe_event, events_path, read_events, read_heartbeat
-from tessera.platform.retries import log_tail, resumption_failed
-from tessera.platform.spec import RunSpec, format_duration
-from tessera.platform.state import (
+from tessera.platform.runs.progress import describe_event, events_path, read_events, read_heartbeat
+from tessera.platform.spec.run_spec import RunSpec, format_duration
+from tessera.platform.store.state import (
     COMPLETED,
     PENDING,
     QUEUED,
@@ -33,8 +31,10 @@ from tessera.platform.state import (
     ResumptionRecord,
     RunRecord,
 )
-from tessera.platform.submission import start_resumption
-from tessera.platform.supervisor_context import SupervisorContext
+from tessera.platform.supervision.context import SupervisorContext
+from tessera.platform.supervision.gpu_health import hardware_fault
+from tessera.platform.supervision.retries import log_tail, resumption_failed
+from tessera.platform.supervision.submission import start_resumption
 
 REQUESTS = ("stop", "move", "restart")   # what the CLI/SDK may ask of an active run
 GPU_SCAN_TAIL = 16 * 1024                # bytes of each node's log scanned for GPU faults at every pass

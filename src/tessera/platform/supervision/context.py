@@ -18,8 +18,8 @@ from typing import Any
 
 from tessera.platform.clusters import LOCAL, ClusterBackend, make_backend
 from tessera.platform.errors import ClusterError
-from tessera.platform.secrets import SecretStore
-from tessera.platform.state import FAILED, RunRecord, StateDB
+from tessera.platform.secrets.vault import SecretStore
+from tessera.platform.store.state import FAILED, RunRecord, StateDB
 
 
 @dataclass

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from tessera.platform.home import write_private
-from tessera.platform.spec import RunSpec
+from tessera.platform.spec.run_spec import RunSpec
 
 
 def write_run_folder(folder: Path, spec: RunSpec) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tessera.platform.errors import SpecError
-from tessera.platform.spec import RunSpec, Scheduling, format_duration, validate_name, validate_spec
+from tessera.platform.spec.run_spec import RunSpec, Scheduling, format_duration, validate_name, validate_spec
 
 
 def updated_scheduling(spec: RunSpec, *, priority: str | None = None, max_duration: Any = None,

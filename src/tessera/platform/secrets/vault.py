@@ -24,9 +24,9 @@ from pydantic import ValidationError
 
 from tessera.platform.errors import SecretError, SecretExists, SecretNotFound
 from tessera.platform.home import private_dir, tessera_home, write_private
-from tessera.platform.redaction import Redactor
-from tessera.platform.secret_crypto import SecretCipher
-from tessera.platform.secret_types import (
+from tessera.platform.secrets.crypto import SecretCipher
+from tessera.platform.secrets.redaction import Redactor
+from tessera.platform.secrets.types import (
     SECRET,
     SECRET_TYPES,
     AnySecret,
@@ -42,7 +42,7 @@ from tessera.platform.secret_types import (
     SSHSecret,
     parse_secret,
 )
-from tessera.platform.spec import validate_name
+from tessera.platform.spec.run_spec import validate_name
 
 __all__ = [
     "SECRET_TYPES", "AnySecret", "AzureSecret", "DockerRegistrySecret", "EnvSecret", "FileSecret", "GCPSecret",

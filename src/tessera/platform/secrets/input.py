@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-from tessera.platform.secret_types import MAX_FILE_BYTES, SecretInputError
+from tessera.platform.secrets.types import MAX_FILE_BYTES, SecretInputError
 
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 

@@ -19,6 +19,8 @@ from urllib.parse import quote
 import httpx
 
 from tessera import __version__
+from tessera.platform.api.inputs import as_spec, run_statuses
+from tessera.platform.api.sdk import Platform
 from tessera.platform.errors import (
     ClusterError,
     PlatformError,
@@ -27,12 +29,10 @@ from tessera.platform.errors import (
     SecretError,
     SpecError,
 )
-from tessera.platform.run_info import Run
-from tessera.platform.sdk import Platform
-from tessera.platform.sdk_inputs import as_spec, run_statuses
-from tessera.platform.secret_input import content_from_file
-from tessera.platform.secrets import SecretInfo, SecretInputError, SecretStore, default_env_var
-from tessera.platform.spec import RunSpec, validate_name
+from tessera.platform.runs.info import Run
+from tessera.platform.secrets.input import content_from_file
+from tessera.platform.secrets.vault import SecretInfo, SecretInputError, SecretStore, default_env_var
+from tessera.platform.spec.run_spec import RunSpec, validate_name
 
 MiB = 1024 * 1024
 MAX_BODY = 64 * MiB          # a JSON answer larger than this is refused rather than held in memory

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from tessera.platform.errors import RunNotFound
-from tessera.platform.redaction import Redactor
-from tessera.platform.run_info import Resumption, Run
+from tessera.platform.runs.info import Resumption, Run
+from tessera.platform.secrets.redaction import Redactor
 
 LogFile = tuple[int, Path, str | None]   # (node rank, log file, torchrun prefix to keep or None)
 

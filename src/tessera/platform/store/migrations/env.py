@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from tessera.platform.server.models import Base
+from tessera.platform.store.models import Base
 
 target_metadata = Base.metadata
 

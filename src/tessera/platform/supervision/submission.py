@@ -19,12 +19,12 @@ from typing import Any
 
 from tessera.platform.clusters import LaunchRequest
 from tessera.platform.errors import ClusterError, PlatformError
-from tessera.platform.integrations import node_postmortem, node_prelude, node_workdir
-from tessera.platform.placement import too_few_nodes
-from tessera.platform.retries import retry_submission
-from tessera.platform.spec import RunSpec
-from tessera.platform.state import FAILED, STOPPED, SUBMITTING, ResumptionRecord, RunRecord
-from tessera.platform.supervisor_context import SupervisorContext
+from tessera.platform.spec.run_spec import RunSpec
+from tessera.platform.store.state import FAILED, STOPPED, SUBMITTING, ResumptionRecord, RunRecord
+from tessera.platform.supervision.context import SupervisorContext
+from tessera.platform.supervision.integrations import node_postmortem, node_prelude, node_workdir
+from tessera.platform.supervision.placement import too_few_nodes
+from tessera.platform.supervision.retries import retry_submission
 
 
 def start_resumption(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord | None) -> None:

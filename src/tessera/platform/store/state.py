@@ -21,7 +21,7 @@ from typing import Any
 
 from tessera.platform.errors import ClusterError, RunExists
 from tessera.platform.home import tessera_home
-from tessera.platform.state_schema import (
+from tessera.platform.store.state_schema import (
     LIST_INDEXES,
     MIGRATIONS,
     SCHEMA,

@@ -13,8 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tessera.platform.progress import read_json_lines
-from tessera.platform.redaction import Redactor
+from tessera.platform.runs.progress import read_json_lines
+from tessera.platform.secrets.redaction import Redactor
 
 METRICS_FILE = "metrics.jsonl"
 READ_LIMIT = 1 << 20   # bytes per call: a long run's file is read in pages, never all at once

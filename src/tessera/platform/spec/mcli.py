@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tessera.platform.errors import SpecError
-from tessera.platform.spec_schema import RunSpec, describe_error, validate_name
+from tessera.platform.spec.schema import RunSpec, describe_error, validate_name
 
 TOP_KEYS = ("name", "run_name", "image", "command", "compute", "gpu_num", "gpu_type", "cpus", "cluster",
             "platform", "integrations", "env_variables", "parameters", "scheduling", "metadata")

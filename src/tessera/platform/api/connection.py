@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tessera.platform.api.sdk import Platform
 from tessera.platform.errors import PlatformError
 from tessera.platform.home import tessera_home, write_private
-from tessera.platform.sdk import Platform
 
 if TYPE_CHECKING:
-    from tessera.platform.client import RemotePlatform
+    from tessera.platform.api.client import RemotePlatform
 
 ENV_URL = "TESSERA_API_URL"
 ENV_KEY = "TESSERA_API_KEY"
@@ -62,7 +62,7 @@ def forget_credentials(home: str | Path | None = None) -> bool:
 def connect(home: str | Path | None = None) -> Platform | RemotePlatform:
     """The server named by the environment, else the one `tessera login` saved, else the local platform.
     With TESSERA_API_URL and no TESSERA_API_KEY, the saved key is used when it was saved for that URL."""
-    from tessera.platform.client import RemotePlatform  # httpx only for those who use a server
+    from tessera.platform.api.client import RemotePlatform  # httpx only for those who use a server
 
     url, key = os.environ.get(ENV_URL, "").strip(), os.environ.get(ENV_KEY, "").strip()
     if url and key:

@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from tessera.platform.clusters.gpu_preflight import FAULT_EXIT, HARDWARE_XIDS, XID_LINE
-from tessera.platform.spec import RunSpec
+from tessera.platform.spec.run_spec import RunSpec
 
-PREFLIGHT_SCRIPT = Path(__file__).parent / "clusters" / "gpu_preflight.py"
+PREFLIGHT_SCRIPT = Path(__file__).resolve().parent.parent / "clusters" / "gpu_preflight.py"
 PREFLIGHT_FAULT_EXIT = FAULT_EXIT
 PROGRAM_XIDS = {13: "graphics engine exception", 31: "GPU memory page fault", 43: "GPU stopped processing",
                 45: "preemptive cleanup after an earlier error"}

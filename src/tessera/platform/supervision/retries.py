@@ -16,12 +16,12 @@ from typing import Any
 
 from tessera.platform.clusters import ClusterBackend, JobState, JobStatus
 from tessera.platform.errors import ClusterError, PlatformError
-from tessera.platform.failures import Action, Evidence, Failure, FailureKind, classify
-from tessera.platform.gpu_health import read_preflight
-from tessera.platform.secrets import Redactor
-from tessera.platform.spec import RunSpec, format_duration
-from tessera.platform.state import FAILED, PENDING, ResumptionRecord, RunRecord
-from tessera.platform.supervisor_context import SupervisorContext
+from tessera.platform.secrets.vault import Redactor
+from tessera.platform.spec.run_spec import RunSpec, format_duration
+from tessera.platform.store.state import FAILED, PENDING, ResumptionRecord, RunRecord
+from tessera.platform.supervision.context import SupervisorContext
+from tessera.platform.supervision.failures import Action, Evidence, Failure, FailureKind, classify
+from tessera.platform.supervision.gpu_health import read_preflight
 
 MAX_SYSTEM_RETRIES = 20      # node faults and preemptions retried without counting, up to this many
 LOG_TAIL = 64 * 1024         # bytes of each node's log read for classification

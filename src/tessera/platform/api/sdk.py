@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tessera.platform import logs
+from tessera.platform.api.inputs import as_spec, os_user, run_statuses
 from tessera.platform.clusters import CLUSTER_TYPES, LOCAL, ClusterBackend, NodeInfo, make_backend
 from tessera.platform.errors import (
     ClusterError,
@@ -32,14 +32,14 @@ from tessera.platform.errors import (
     SpecError,
 )
 from tessera.platform.home import tessera_home
-from tessera.platform.metrics import read_metrics
-from tessera.platform.run_edits import cloned_spec, updated_scheduling
-from tessera.platform.run_folder import move_away, write_run_folder, write_spec
-from tessera.platform.run_info import Resumption, Run
-from tessera.platform.sdk_inputs import as_spec, os_user, run_statuses
-from tessera.platform.secrets import SecretStore
-from tessera.platform.spec import RunSpec, validate_name
-from tessera.platform.state import (
+from tessera.platform.runs import logs
+from tessera.platform.runs.folder import move_away, write_run_folder, write_spec
+from tessera.platform.runs.info import Resumption, Run
+from tessera.platform.runs.metrics import read_metrics
+from tessera.platform.secrets.vault import SecretStore
+from tessera.platform.spec.edits import cloned_spec, updated_scheduling
+from tessera.platform.spec.run_spec import RunSpec, validate_name
+from tessera.platform.store.state import (
     ACTIVE,
     PENDING,
     TERMINAL,
@@ -47,8 +47,8 @@ from tessera.platform.state import (
     StateDB,
     new_run_id,
 )
-from tessera.platform.supervisor import ensure_supervisor
-from tessera.platform.supervisor_context import cluster_backend
+from tessera.platform.supervision.context import cluster_backend
+from tessera.platform.supervision.supervisor import ensure_supervisor
 
 _ORDER = {status: i for i, status in enumerate(("PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"))}
 STOP_MARGIN = 30.0   # seconds beyond a run's stop_grace that delete_run waits for it to stop

@@ -29,8 +29,13 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from tessera.platform.gpu_health import postmortem_step, preflight_step
-from tessera.platform.spec import AptPackagesIntegration, GitRepoIntegration, PipPackagesIntegration, RunSpec
+from tessera.platform.spec.run_spec import (
+    AptPackagesIntegration,
+    GitRepoIntegration,
+    PipPackagesIntegration,
+    RunSpec,
+)
+from tessera.platform.supervision.gpu_health import postmortem_step, preflight_step
 
 NODE_WORKDIR = "{folder}/work-{rank}"
 CONSTRAINTS = "{folder}/pip-constraints-{rank}.txt"

@@ -1,0 +1,1 @@
+"""Keeping runs alive: the supervisor loop, submission, retries, failure classes, GPU health."""
