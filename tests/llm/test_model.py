@@ -13,7 +13,7 @@ from tessera.llm.model import GPT, NAMED_CONFIGS, GPTConfig, alibi_slopes
 
 VARIANTS = [dict(attn="alibi", norm="layernorm"), dict(attn="rope", norm="rmsnorm"),
             dict(attn="alibi", norm="rmsnorm", no_bias=False, tie_embeddings=False),
-            dict(attn="rope", norm="layernorm", no_bias=False)]
+            dict(attn="rope", norm="layernorm", no_bias=False), dict(attn="learned", norm="layernorm", no_bias=False)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(str(x) for x in v.values()))
@@ -29,7 +29,7 @@ def test_shapes_and_initial_loss(variant):
     assert all(p.grad is not None for p in model.parameters())
 
 
-@pytest.mark.parametrize("attn", ["alibi", "rope"])
+@pytest.mark.parametrize("attn", ["alibi", "rope", "learned"])
 def test_future_tokens_do_not_change_past_logits(attn):
     model = small_model(attn=attn)
     a = torch.randint(0, 257, (2, 24))
@@ -41,10 +41,10 @@ def test_future_tokens_do_not_change_past_logits(attn):
 
 
 def test_alibi_and_rope_differ_and_position_matters():
-    alibi, rope = small_model(attn="alibi"), small_model(attn="rope")
+    alibi, rope, learned = small_model(attn="alibi"), small_model(attn="rope"), small_model(attn="learned")
     tokens = torch.randint(0, 257, (1, 16))
     assert not torch.allclose(alibi(tokens), rope(tokens))
-    for model in (alibi, rope):  # no position embedding: order must still matter through attention
+    for model in (alibi, rope, learned):  # order must matter (through attention, or the learned table)
         swapped = tokens.clone()
         swapped[0, [0, 1]] = swapped[0, [1, 0]]
         assert not torch.allclose(model(tokens)[0, -1], model(swapped)[0, -1])
@@ -91,7 +91,7 @@ def test_residual_projections_get_scaled_init():
     assert torch.all(block.norm_1.weight == 1)
 
 
-@pytest.mark.parametrize("attn", ["alibi", "rope"])
+@pytest.mark.parametrize("attn", ["alibi", "rope", "learned"])
 def test_kv_cache_matches_full_forward(attn):
     model = small_model(attn=attn)
     tokens = torch.randint(0, 257, (2, 30))
@@ -102,7 +102,7 @@ def test_kv_cache_matches_full_forward(attn):
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-5)
 
 
-@pytest.mark.parametrize("attn", ["alibi", "rope"])
+@pytest.mark.parametrize("attn", ["alibi", "rope", "learned"])
 def test_greedy_generation_same_with_and_without_cache(attn):
     model = small_model(seed=3, attn=attn)
     prompt = [5, 17, 99, 3]
@@ -186,7 +186,7 @@ def test_small_config_helper_is_valid():
     assert small_config().head_dim == 8
 
 
-@pytest.mark.parametrize("attn", ["alibi", "rope"])
+@pytest.mark.parametrize("attn", ["alibi", "rope", "learned"])
 def test_meta_build_then_materialize(attn):
     """Large models are built on meta, moved with to_empty (e.g. under FSDP) and initialized there."""
     with torch.device("meta"):

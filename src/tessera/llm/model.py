@@ -13,7 +13,7 @@ an optional `batch["labels"]`, aligned with `tokens`) is ignored. Packed fine-tu
 stays inside each example (a block-diagonal causal mask), RoPE counts positions from each example's start.
 
 Shape of the network (MPT): token embedding, no position embedding (ALiBi biases attention by distance;
-RoPE rotates queries and keys instead), `n_layers` pre-norm blocks of fused-QKV attention and a GELU MLP,
+RoPE rotates queries and keys instead; `attn="learned"` adds MPT's learned position table, `wpe`), `n_layers` pre-norm blocks of fused-QKV attention and a GELU MLP,
 a final norm, and an output layer tied to the embedding. Attention runs in `F.scaled_dot_product_attention`:
 with RoPE its causal flash kernel; ALiBi's distance bias goes in as an additive mask (the memory-efficient
 kernel on GPUs). Parameter names follow MPT's.
@@ -56,7 +56,7 @@ class GPTConfig:
     vocab_size: int = 50368
     max_seq_len: int = 2048
     expansion_ratio: int = 4       # MLP hidden size = expansion_ratio * d_model
-    attn: str = "alibi"            # "alibi" | "rope"
+    attn: str = "alibi"            # "alibi" | "rope" | "learned" (MPT's learned_pos_emb: a table of positions)
     alibi_bias_max: float = 8.0    # slopes 2^(-alibi_bias_max * h / n_heads), as in MPT
     rope_theta: float = 10000.0
     no_bias: bool = True           # no biases in linear layers and norms (MPT's default)
@@ -73,8 +73,8 @@ class GPTConfig:
                 raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
         if self.d_model % self.n_heads:
             raise ValueError(f"model.d_model ({self.d_model}) must be divisible by model.n_heads ({self.n_heads})")
-        if self.attn not in ("alibi", "rope"):
-            raise ValueError(f"model.attn must be 'alibi' or 'rope', got {self.attn!r}")
+        if self.attn not in ("alibi", "rope", "learned"):
+            raise ValueError(f"model.attn must be 'alibi', 'rope' or 'learned', got {self.attn!r}")
         if self.attn == "rope" and self.head_dim % 2:
             raise ValueError(f"model.attn='rope' needs an even head size, got d_model/n_heads = {self.head_dim}")
         if self.norm not in ("layernorm", "rmsnorm"):
@@ -216,8 +216,10 @@ class GPT(nn.Module):
             blocks=nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers)),
             norm_f=make_norm(cfg),
         ))
+        if cfg.attn == "learned":
+            self.transformer["wpe"] = nn.Embedding(cfg.max_seq_len, cfg.d_model)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        for name in ("alibi_slopes",) if cfg.attn == "alibi" else ("rope_cos", "rope_sin"):
+        for name in {"alibi": ("alibi_slopes",), "rope": ("rope_cos", "rope_sin")}.get(cfg.attn, ()):
             self.register_buffer(name, None, persistent=False)
         self.init_weights()
 
@@ -226,7 +228,7 @@ class GPT(nn.Module):
         cfg, device = self.cfg, self.transformer.wte.weight.device
         if cfg.attn == "alibi":
             self.alibi_slopes = alibi_slopes(cfg.n_heads, cfg.alibi_bias_max).to(device)
-        else:
+        elif cfg.attn == "rope":
             half = torch.arange(0, cfg.head_dim, 2, dtype=torch.float32, device=device) / cfg.head_dim
             positions = torch.arange(cfg.max_seq_len, dtype=torch.float32, device=device)
             angles = torch.outer(positions, 1.0 / cfg.rope_theta ** half).repeat(1, 2)
@@ -298,9 +300,10 @@ class GPT(nn.Module):
             bias = -slopes * (q_pos - k_pos).clamp(min=0).to(dtype)
             # inside one example the distance in the row is the distance in the example
             return bias.masked_fill(~allowed if allowed is not None else k_pos > q_pos, float("-inf")), None
-        if position_ids is not None:
+        rope = None  # learned positions went in with the embedding
+        if self.cfg.attn == "rope" and position_ids is not None:
             rope = (self.rope_cos[position_ids][:, None].to(dtype), self.rope_sin[position_ids][:, None].to(dtype))
-        else:
+        elif self.cfg.attn == "rope":
             rope = (self.rope_cos[start:start + T].to(dtype), self.rope_sin[start:start + T].to(dtype))
         if allowed is not None:
             return allowed, rope
@@ -323,7 +326,11 @@ class GPT(nn.Module):
         if (position_ids is not None or sequence_ids is not None) and kv_cache is not None:
             raise ValueError("packed rows (position_ids, sequence_ids) are for training, not a KV-cached step")
         position_ids, sequence_ids = packed_positions(position_ids, sequence_ids)
-        x = self.transformer.emb_drop(self.transformer.wte(input_ids))
+        x = self.transformer.wte(input_ids)
+        if self.cfg.attn == "learned":  # MPT adds the position table before the embedding dropout
+            positions = position_ids if position_ids is not None else torch.arange(start, start + T, device=x.device)
+            x = x + self.transformer.wpe(positions)
+        x = self.transformer.emb_drop(x)
         attn_mask, rope = self._attention_inputs(T, start, x.device, x.dtype, position_ids, sequence_ids)
         for layer, block in enumerate(self.transformer.blocks):
             x = block(x, attn_mask, rope, layer, kv_cache)

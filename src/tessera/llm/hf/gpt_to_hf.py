@@ -33,6 +33,9 @@ def hf_architecture(cfg: GPTConfig) -> str:
                           "export with --format tessera")
     if cfg.attn == "rope":
         return "gpt_neox"
+    if cfg.attn == "learned":
+        raise ExportError("model.attn='learned' (MPT's learned position table) has no transformers architecture "
+                          "with the same maths here (transformers' MPT is ALiBi only); export with --format tessera")
     for key, value, mpt in (("no_bias", cfg.no_bias, True), ("expansion_ratio", cfg.expansion_ratio, 4),
                             ("tie_embeddings", cfg.tie_embeddings, True)):
         if value != mpt:
