@@ -31,6 +31,10 @@ class ClusterError(PlatformError):
     """A cluster is unknown, misconfigured, or its scheduler refused a request."""
 
 
+class ClusterNotFound(ClusterError, LookupError):
+    """No cluster has the given name."""
+
+
 class RunNotFound(PlatformError, LookupError):
     """No run has the given name or id."""
 
@@ -45,3 +49,27 @@ class RunFailed(PlatformError):
     def __init__(self, message: str, run: object | None = None) -> None:
         super().__init__(message)
         self.run = run
+
+
+class AccountError(PlatformError):
+    """A team, user or key cannot be made or found."""
+
+
+class AccountExists(AccountError):
+    """The team or user exists already."""
+
+
+class AccountNotFound(AccountError, LookupError):
+    """No such user, or no key with that prefix."""
+
+
+class RemoteError(PlatformError):
+    """The server could not be reached, or answered something other than what the API promises."""
+
+
+class NotAuthorised(RemoteError):
+    """The server refused the API key (401) or the action for this user (403)."""
+
+
+class ServerUnreachable(RemoteError):
+    """No answer from the server's URL (refused, unresolvable, timed out)."""

@@ -15,25 +15,13 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from tessera.platform.errors import PlatformError
+from tessera.platform.errors import AccountExists, AccountNotFound
 from tessera.platform.secrets.redaction import API_KEY_PREFIX
 from tessera.platform.spec.run_spec import validate_name
 from tessera.platform.store.models import ApiKey, Team, User
 
 KEY_PREFIX = API_KEY_PREFIX   # the masks find keys by it (redaction.py)
 PREFIX_CHARS = 12
-
-
-class AccountError(PlatformError):
-    """A team, user or key cannot be made or found."""
-
-
-class AccountExists(AccountError):
-    """The team or user exists already."""
-
-
-class AccountNotFound(AccountError, LookupError):
-    """No such user, or no key with that prefix."""
 
 
 @dataclass(frozen=True)
