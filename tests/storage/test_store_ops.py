@@ -175,6 +175,17 @@ def test_list_prefix_is_a_string_prefix(store):
     assert keys_of(store.list("logs")) == ["logs/2024-01.txt", "logs/2024-02.txt", "logs/2025-01.txt", "logs2/x"]
 
 
+def test_list_start_after_returns_only_later_keys(store):
+    """S3's StartAfter: a poller passes the last key it read and gets only newer ones, in order."""
+    for key in ("c/0001", "c/0002", "c/0010", "c/sub/x", "d/0001"):
+        store.put(key, b".")
+    assert [i.key for i in store.list("c/", start_after="c/0002")] == ["c/0010", "c/sub/x"]
+    assert [i.key for i in store.list("c/", start_after="c/0001")] == ["c/0002", "c/0010", "c/sub/x"]
+    assert [i.key for i in store.list("c/", start_after="c/0")] == ["c/0001", "c/0002", "c/0010", "c/sub/x"]
+    assert [i.key for i in store.list("c/", start_after="c/sub/x")] == []
+    assert [i.key for i in store.list("", start_after="c/sub/x")] == ["d/0001"]
+
+
 def test_list_streams(store):
     store.put("one", b"1")
     iterator = store.list()

@@ -76,8 +76,9 @@ class Store(abc.ABC):
     def head(self, key: str) -> ObjectInfo: ...
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every object whose key starts with `prefix`, recursively, streamed page by page."""
+    def list(self, prefix: str = "", *, start_after: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix` (and sorts after `start_after`: S3's StartAfter, so
+        a reader polling for new keys gets only those), recursively, streamed page by page."""
 
     @abc.abstractmethod
     def delete(self, key: str) -> None:

@@ -145,12 +145,18 @@ class LocalStore(Store):
         mtime = datetime.fromtimestamp(st.st_mtime, tz=UTC)
         return ObjectInfo(key, st.st_size, f"{st.st_mtime_ns:x}-{st.st_size:x}", mtime)
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Objects in S3's order (lexicographic by key), streamed folder by folder."""
-        if self.root.is_dir():
-            yield from self._walk(self.root, "", prefix)
+    def list(self, prefix: str = "", *, start_after: str = "") -> Iterator[ObjectInfo]:
+        """Objects in S3's order (lexicographic by key), streamed folder by folder, from the prefix's
+        deepest folder (a folder of 10,000 runs is not read to list one run's files)."""
+        base = prefix.rpartition("/")[0]
+        try:
+            folder, rel = (self._path(base), base + "/") if base else (self.root, "")
+        except StorageError:   # not a key (e.g. 'a//b'): filter from the root, matching nothing
+            folder, rel = self.root, ""
+        if folder.is_dir():
+            yield from self._walk(folder, rel, prefix, start_after)
 
-    def _walk(self, folder: Path, rel: str, prefix: str) -> Iterator[ObjectInfo]:
+    def _walk(self, folder: Path, rel: str, prefix: str, start_after: str) -> Iterator[ObjectInfo]:
         try:
             entries = list(os.scandir(folder))
         except FileNotFoundError:
@@ -161,7 +167,10 @@ class LocalStore(Store):
             if not (key.startswith(prefix) or prefix.startswith(key)):
                 continue
             if name.endswith("/"):
-                yield from self._walk(Path(entry.path), key, prefix)
+                if key >= start_after or start_after.startswith(key):
+                    yield from self._walk(Path(entry.path), key, prefix, start_after)
+                continue
+            if key <= start_after:
                 continue
             try:
                 st = entry.stat()

@@ -123,11 +123,11 @@ class ObjectStore(Store):
         meta = self._call(key, lambda: obstore.head(self.client, path))
         return _info(meta, self.prefix)
 
-    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+    def list(self, prefix: str = "", *, start_after: str = "") -> Iterator[ObjectInfo]:
         """Stream the listing page by page; a transient failure resumes after the last key seen."""
         seg_prefix, _, _ = prefix.rpartition("/")  # obstore lists by whole path segments
         full = join_key(self.prefix, seg_prefix) if seg_prefix else (self.prefix or None)
-        last: str | None = None
+        last: str | None = join_key(self.prefix, start_after) if start_after else None
         note_request()
         budget, url = RetryBudget(self.retry), self.url_for(prefix) if prefix else self.url
         while True:
