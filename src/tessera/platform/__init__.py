@@ -42,7 +42,7 @@ from tessera.platform.spec.run_spec import RunSpec, load_spec, parse_spec
 if TYPE_CHECKING:
     from tessera.platform.api.client import RemotePlatform
 
-__getattr__ = lazy_exports(__name__, {"client": ["RemotePlatform"]})
+__getattr__ = lazy_exports(__name__, {"api.client": ["RemotePlatform"]})
 
 __all__ = [
     "ClusterError", "Platform", "PlatformError", "RemotePlatform", "Run", "RunExists", "RunFailed", "RunNotFound", "RunSpec",
