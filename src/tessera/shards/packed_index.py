@@ -1,0 +1,392 @@
+"""index.json packed once per node into arrays that every rank and DataLoader worker maps read-only.
+
+A dataset of 500k shards has an index.json of ~190 MB; parsing it into Python objects took every process
+seconds and ~1.5 GB. What readers need is a few numbers per shard, so the first process on a node packs
+the index into one binary file next to the cache (`<folder>/.tessera/index.packed`):
+
+    prefix: magic, header length, file length, xxh3_64 of everything after the prefix
+    header: JSON (format, the index's size, stat and xxh64, shard count, layouts, top-level keys, sections)
+    sections (64-byte aligned): per shard `samples`, `sample_base` (their running sum), `layout`, and per
+    file kind (raw_data, zip_data, raw_meta, zip_meta) its `bytes`, `basename` and digests
+
+A *layout* is what entries share (format, columns, compression, hash names, size limit: everything but the
+per-shard values); an entry is rebuilt from its layout's entry and its values only when asked for
+(`PackedIndex[i]`), so nothing per shard lives in Python objects. Strings of equal length (digests, most
+basenames) are a fixed-width block; others are one blob and int64 offsets.
+
+The packed file is written to a temporary name and renamed into place, under an exclusive flock so
+that concurrent first openers pack once and the others wait and map it. It is used only if its checksum
+holds and its header names index.json as it is now (size, mtime, inode, device); a changed index.json is
+packed again, and a damaged packed file (bad magic, truncated, wrong checksum, unreadable header) is
+rebuilt, never trusted. Entries are validated while packing exactly as `DatasetIndex.from_json` does
+(index_bulk.py reads well-formed indexes in bulk and falls back to it otherwise), so a bad index.json
+still fails with the same error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import xxhash
+
+from tessera.shards.errors import IndexFormatError
+from tessera.shards.index import _FILE_KEYS, DatasetIndex, FileInfo, ShardEntry
+from tessera.shards.index_bulk import Block, Irregular, Template, scan, value_fields
+from tessera.storage.local import temp_path_for
+
+MAGIC = b"TSPACK01"
+FORMAT = 1
+PACKED_NAME = Path(".tessera") / "index.packed"
+_PREFIX = struct.Struct("<8sQQQ")  # magic, header length, file length, xxh3_64 of bytes after the prefix
+_ALIGN = 64
+_READ = 1 << 20
+_BLOCK = 16384  # entries per block when packing from parsed entries
+_CACHED_ENTRIES = 4096
+
+
+def _layout_key(entry: ShardEntry) -> str:
+    """What entries of one layout share: the entry with its per-shard values blanked (hash names kept)."""
+    blank = {"samples": 0}
+    for key in _FILE_KEYS:
+        info = getattr(entry, key)
+        if info is not None:
+            blank[key] = FileInfo("-", 0, dict.fromkeys(info.hashes, ""))
+    return json.dumps([dataclasses.replace(entry, **blank).to_json(), value_fields(entry)], sort_keys=True)
+
+
+class _Writer:
+    """Columns appended a block at a time to anonymous temporary files (so packing holds one block in
+    memory), then laid out into the packed file."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.rows = 0
+        self.numbers: dict[str, BinaryIO] = {}
+        self.texts: dict[str, tuple[BinaryIO, BinaryIO, list[int]]] = {}  # blob, lengths, [min, max] length
+        self.layouts: list[ShardEntry] = []
+        self._keys: dict[str, int] = {}
+
+    def layout_id(self, entry: ShardEntry) -> int:
+        key = _layout_key(entry)
+        if key not in self._keys:
+            self._keys[key] = len(self.layouts)
+            self.layouts.append(entry)
+        return self._keys[key]
+
+    def _temp(self) -> BinaryIO:
+        return tempfile.TemporaryFile(dir=self.folder)  # type: ignore[return-value]
+
+    def add(self, layout: np.ndarray, numbers: dict[str, np.ndarray],
+            strings: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+        n = layout.size
+        numbers = {"layout": layout.astype(np.int64), **numbers}
+        for name in numbers.keys() - self.numbers.keys():
+            self.numbers[name] = self._temp()
+            self.numbers[name].write(np.full(self.rows, -1, np.int64).tobytes())
+        for name in strings.keys() - self.texts.keys():
+            lengths = self._temp()
+            lengths.write(np.zeros(self.rows, np.int64).tobytes())
+            self.texts[name] = (self._temp(), lengths, [0 if self.rows else 1 << 62, 0])
+        for name, file in self.numbers.items():
+            file.write(np.ascontiguousarray(numbers.get(name, np.full(n, -1, np.int64)), np.int64).tobytes())
+        for name, (blob_file, length_file, span) in self.texts.items():
+            blob, lengths = strings.get(name, (np.zeros(0, np.uint8), np.zeros(n, np.int64)))
+            blob_file.write(blob.tobytes())
+            length_file.write(np.ascontiguousarray(lengths, np.int64).tobytes())
+            if n:
+                span[0], span[1] = min(span[0], int(lengths.min())), max(span[1], int(lengths.max()))
+        self.rows += n
+
+    def finish(self, dest: Path, header: dict[str, Any]) -> None:
+        sections: list[tuple[str, BinaryIO, str, list[int]]] = []
+        for name, file in self.numbers.items():
+            sections.append((name, file, "<i8", [self.rows]))
+        sections.append(("sample_base", self._running_sum(self.numbers["samples"]), "<i8", [self.rows + 1]))
+        strings = {}
+        for name, (blob, lengths, (low, high)) in self.texts.items():
+            if self.rows and low == high:
+                strings[name] = {"width": low}
+                sections.append((name, blob, "|u1", [self.rows * low]))
+            else:
+                strings[name] = {"offsets": name + "@offsets"}
+                sections.append((name, blob, "|u1", [blob.seek(0, os.SEEK_END)]))
+                sections.append((name + "@offsets", self._running_sum(lengths), "<i8", [self.rows + 1]))
+        table, at = {}, 0
+        for name, file, dtype, shape in sections:
+            size = file.seek(0, os.SEEK_END)
+            table[name] = [at, size, dtype, shape]
+            at += -(-size // _ALIGN) * _ALIGN
+        head = json.dumps({**header, "format": FORMAT, "shards": self.rows, "sections": table, "strings": strings,
+                           "layouts": [entry.to_json() for entry in self.layouts]}).encode()
+        start = -(-(_PREFIX.size + len(head)) // _ALIGN) * _ALIGN
+        tmp = temp_path_for(dest)
+        try:
+            with open(tmp, "w+b") as out:
+                out.write(b"\0" * _PREFIX.size + head)
+                for name, file, _, _ in sections:
+                    out.seek(start + table[name][0])
+                    file.seek(0)
+                    shutil.copyfileobj(file, out, _READ)
+                out.truncate(start + at)
+                out.seek(_PREFIX.size)
+                digest = _digest(out)
+                out.seek(0)
+                out.write(_PREFIX.pack(MAGIC, len(head), start + at, digest))
+            os.replace(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+            for _, file, _, _ in sections:
+                file.close()
+
+    def _running_sum(self, values: BinaryIO) -> BinaryIO:
+        """A new temp file holding 0 and the running sum of an int64 column (offsets, sample_base)."""
+        out, carry = self._temp(), 0
+        out.write(np.zeros(1, np.int64).tobytes())
+        values.seek(0)
+        while chunk := values.read(_READ):
+            sums = np.cumsum(np.frombuffer(chunk, np.int64)) + carry
+            out.write(sums.tobytes())
+            carry = int(sums[-1])
+        return out
+
+
+def _digest(file: BinaryIO) -> int:
+    """xxh3_64 of the rest of `file` from its position, read in chunks (nothing mapped)."""
+    h = xxhash.xxh3_64()
+    while chunk := file.read(_READ):
+        h.update(chunk)
+    return h.intdigest()
+
+
+def _stat_key(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+
+
+def pack(index: Path, dest: Path, label: str) -> None:
+    """Pack `index` (index.json) into `dest`; IndexFormatError as `DatasetIndex.from_json` raises it."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(index, "rb") as file:
+        st = os.fstat(file.fileno())
+        writer, hasher = _Writer(dest.parent), xxhash.xxh64()
+        template_layouts: list[int] = []
+
+        def emit(block: Block, templates: list[Template]) -> None:
+            template_layouts.extend(writer.layout_id(t.entry) for t in templates[len(template_layouts):])
+            writer.add(np.asarray(template_layouts, np.int64)[block.layout], block.numbers, block.strings)
+
+        try:
+            top = scan(file, label, emit, hasher)
+        except Irregular:
+            file.seek(0)
+            text = file.read()
+            hasher = xxhash.xxh64(text)
+            parsed = DatasetIndex.from_json(text, label)  # the exact errors of the loader
+            del text
+            writer = _Writer(dest.parent)
+            for lo in range(0, len(parsed.shards), _BLOCK):
+                _add_entries(writer, parsed.shards[lo:lo + _BLOCK])
+            top = {**parsed.extensions}
+            del parsed
+    top.pop("shards", None)
+    header = {"index": {"stat": _stat_key(st), "xxh64": hasher.hexdigest()}, "top": top}
+    writer.finish(dest, header)
+
+
+def _add_entries(writer: _Writer, entries: Sequence[ShardEntry]) -> None:
+    """Append parsed entries (the fallback path) as one block."""
+    n = len(entries)
+    layout = np.array([writer.layout_id(e) for e in entries], np.int64)
+    numbers = {"samples": np.array([e.samples for e in entries], np.int64)}
+    texts: dict[str, list[bytes]] = {}
+    for i, entry in enumerate(entries):
+        for key in _FILE_KEYS:
+            info = getattr(entry, key)
+            if info is None:
+                continue
+            numbers.setdefault(f"{key}.bytes", np.full(n, -1, np.int64))[i] = info.bytes
+            texts.setdefault(f"{key}.basename", [b""] * n)[i] = info.basename.encode()
+            for algo, digest in info.hashes.items():
+                texts.setdefault(f"{key}.hashes.{algo}", [b""] * n)[i] = digest.encode()
+    strings = {name: (np.frombuffer(b"".join(v), np.uint8), np.array([len(x) for x in v], np.int64))
+               for name, v in texts.items()}
+    writer.add(layout, numbers, strings)
+
+
+class PackedIndex(Sequence[ShardEntry]):
+    """A packed index mapped read-only: per-shard arrays, and entries rebuilt on demand (a few cached)."""
+
+    def __init__(self, path: Path, index: Path, label: str, mapping: mmap.mmap, header: dict[str, Any],
+                 start: int) -> None:
+        self.path, self.index_path, self.label = path, index, label
+        self._map, self._start = mapping, start
+        self.fingerprint: str = header["index"]["xxh64"]
+        self.extensions: dict[str, Any] = {k: v for k, v in header["top"].items() if k != "version"}
+        self._sections: dict[str, list] = header["sections"]
+        self._strings: dict[str, dict[str, Any]] = header["strings"]
+        self.layouts = [ShardEntry.from_json(obj, label) for obj in header["layouts"]]
+        self._count = int(header["shards"])
+        self.samples = self.array("samples")
+        self.sample_base = self.array("sample_base")
+        self.layout_ids = self.array("layout")
+        self._entries: OrderedDict[int, ShardEntry] = OrderedDict()
+        self._largest: int | None = None
+
+    def array(self, name: str) -> np.ndarray:
+        """A read-only view of one section (int64 numbers or bytes)."""
+        offset, size, dtype, shape = self._sections[name]
+        count = size // np.dtype(dtype).itemsize
+        return np.frombuffer(self._map, dtype, count, self._start + offset).reshape(shape)
+
+    def bytes_of(self, key: str) -> np.ndarray | None:
+        """Bytes of file kind `key` ("raw_data", "zip_data", ...) per shard, -1 where a shard has none."""
+        return self.array(f"{key}.bytes") if f"{key}.bytes" in self._sections else None
+
+    @property
+    def largest_shard(self) -> int:
+        """The most bytes one shard takes in a cache (raw + compressed, while it is decompressed)."""
+        if self._largest is None:
+            total = self.bytes_of("raw_data")
+            zipped = self.bytes_of("zip_data")
+            sizes = total if zipped is None else total + np.maximum(zipped, 0)
+            self._largest = int(sizes.max(initial=0))
+        return self._largest
+
+    def text(self, name: str, shard: int) -> str:
+        spec = self._strings[name]
+        blob = self.array(name)
+        if "width" in spec:
+            w = spec["width"]
+            return blob[shard * w:(shard + 1) * w].tobytes().decode()
+        offsets = self.array(spec["offsets"])
+        return blob[offsets[shard]:offsets[shard + 1]].tobytes().decode()
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, at: Any) -> Any:
+        if isinstance(at, slice):
+            return [self._entry(i) for i in range(*at.indices(self._count))]
+        i = int(at)
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(f"shard {at} is out of range for an index of {self._count} shards")
+        return self._entry(i)
+
+    def __iter__(self) -> Iterator[ShardEntry]:
+        return (self._entry(i) for i in range(self._count))
+
+    def _entry(self, i: int) -> ShardEntry:
+        hit = self._entries.get(i)
+        if hit is not None:
+            return hit
+        layout = self.layouts[int(self.layout_ids[i])]
+        files = {}
+        for key in _FILE_KEYS:
+            info = getattr(layout, key)
+            if info is not None:
+                files[key] = FileInfo(self.text(f"{key}.basename", i), int(self.array(f"{key}.bytes")[i]),
+                                      {a: self.text(f"{key}.hashes.{a}", i) for a in info.hashes})
+        entry = dataclasses.replace(layout, samples=int(self.samples[i]), **files)
+        self._entries[i] = entry
+        if len(self._entries) > _CACHED_ENTRIES:
+            self._entries.popitem(last=False)
+        return entry
+
+    def layout_shards(self) -> list[tuple[int, ShardEntry]]:
+        """(first shard, its entry) of every layout, in shard order: what per-layout checks look at."""
+        firsts = [int(np.argmax(self.layout_ids == k)) for k in range(len(self.layouts))]
+        return sorted((shard, self[shard]) for shard in firsts)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as where it is (a worker maps the same file), never as its arrays."""
+        return _reopen, (str(self.index_path), self.label, self.fingerprint)
+
+
+def _reopen(index: str, label: str, fingerprint: str) -> PackedIndex:
+    packed = open_packed(Path(index), label)
+    if packed.fingerprint != fingerprint:
+        raise IndexFormatError(label, "index.json changed while the dataset was in use (its packed form no "
+                               "longer matches); build the dataset again")
+    return packed
+
+
+def packed_location(index: Path) -> Path:
+    """Where the packed form of `index` lives: `.tessera/index.packed` in its folder, or, when that
+    folder cannot be written (a read-only dataset), a folder per index under the system temp dir."""
+    local = index.parent / PACKED_NAME
+    with contextlib.suppress(OSError):
+        local.parent.mkdir(parents=True, exist_ok=True)
+        if os.access(local.parent, os.W_OK):
+            return local
+    digest = hashlib.sha1(str(index.resolve()).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / "tessera-packed" / digest / PACKED_NAME.name
+
+
+def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedIndex | None:
+    """The packed file at `path` if it is whole and describes index.json as `st` says it is now."""
+    try:
+        file = open(path, "rb")  # noqa: SIM115 - closed below; the mapping outlives it
+    except OSError:
+        return None
+    with file:
+        prefix = file.read(_PREFIX.size)
+        if len(prefix) != _PREFIX.size:
+            return None
+        magic, head_len, length, digest = _PREFIX.unpack(prefix)
+        if magic != MAGIC or os.fstat(file.fileno()).st_size != length or _digest(file) != digest:
+            return None
+        file.seek(_PREFIX.size)
+        try:
+            header = json.loads(file.read(head_len))
+        except ValueError:
+            return None
+        if header.get("format") != FORMAT or header["index"]["stat"] != _stat_key(st):
+            return None
+        mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+    start = -(-(_PREFIX.size + head_len) // _ALIGN) * _ALIGN
+    return PackedIndex(path, index, label, mapping, header, start)
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[None]:
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def open_packed(index: Path, label: str) -> PackedIndex:
+    """The packed form of `index` (index.json), packing it first when there is none that matches it.
+
+    FileNotFoundError if `index` does not exist; IndexFormatError (naming `label`) if it is invalid.
+    """
+    dest = packed_location(index)
+    found = _load(dest, os.stat(index), index, label)
+    if found is not None:
+        return found
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with _exclusive(dest):
+        found = _load(dest, os.stat(index), index, label)  # packed by another process meanwhile
+        if found is None:
+            pack(index, dest, label)
+            found = _load(dest, os.stat(index), index, label)
+    if found is None:
+        raise IndexFormatError(label, f"index.json changed while it was being packed into {dest}; try again")
+    return found
