@@ -165,9 +165,8 @@ class EntryMatcher:
         self.templates: list[Template] = []
         self.shards = 0  # entries matched so far (the index of the next block's first entry)
 
-    def block(self, a: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Block:
-        """Entries a[starts[i] : ends[i] + 1] of this block (positions inside `a`)."""
-        quotes = np.flatnonzero(a == 34)
+    def block(self, a: np.ndarray, quotes: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Block:
+        """Entries a[starts[i] : ends[i] + 1] of this block (positions inside `a`, as are its `quotes`)."""
         n = starts.size
         layout = np.full(n, -1, np.int32)
         spans: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -383,19 +382,21 @@ class ArrayScan:
         self.open_at = self.close_at = -1  # absolute positions of the array's '[' and ']'
         self.starts: list[np.ndarray] = []
         self.ends: list[np.ndarray] = []
+        self.quotes = np.zeros(0, np.int64)  # absolute positions of the quotes of the last chunk fed
 
     def feed(self, chunk: bytes, base: int, context: bytes) -> None:
         """Scan `chunk` (at absolute position `base`); `context` is the text just before it."""
         if b"\\" in chunk:
             raise Irregular("an escape in index.json")
-        codes = _CODES[np.frombuffer(chunk, np.uint8)]
-        at = np.flatnonzero(codes)
-        kind = codes[at]
-        is_quote = kind == _QUOTE
-        inside = (np.cumsum(is_quote) - is_quote + self.in_string) & 1
-        self.in_string ^= bool(is_quote.sum() & 1)
-        keep = ~is_quote & (inside == 0)
-        at, kind = at[keep], kind[keep]
+        a = np.frombuffer(chunk, np.uint8)
+        quotes = np.flatnonzero(a == 34)
+        self.quotes = base + quotes
+        at = np.flatnonzero((a & 0xD9) == 0x59)  # '{', '}', '[', ']' (and 'Y', '_', 'y', DEL: dropped next)
+        kind = _CODES[a[at]]
+        at, kind = at[kind > 0], kind[kind > 0]
+        outside = ((np.searchsorted(quotes, at) + self.in_string) & 1) == 0  # an even count of quotes before
+        self.in_string ^= bool(quotes.size & 1)
+        at, kind = at[outside], kind[outside]
         after = self.depth + np.cumsum(np.where((kind == _OPEN_OBJ) | (kind == _OPEN_ARR), 1, -1))
         if after.size:
             self.depth = int(after[-1])
@@ -445,15 +446,17 @@ def scan(file: BinaryIO, label: str, emit: Callable[[Block, list[Template]], Non
     last_end = -1  # absolute position of the last entry's '}' (-1: none yet)
     pairs: list[tuple[np.ndarray, np.ndarray]] = []
     total, tail_checked = 0, False
+    quotes = np.zeros(0, np.int64)  # absolute positions of the quotes in buf
     while chunk := file.read(CHUNK):
         hasher.update(chunk)
         scanner.feed(chunk, base + len(buf), buf[-256:])
         buf += chunk
+        quotes = np.concatenate([quotes, scanner.quotes])
         starts, ends = scanner.take()
         if starts.size:
             _check_gaps(buf, base, scanner.open_at if last_end < 0 else last_end, starts, ends, last_end < 0)
             first = matcher.shards
-            block = matcher.block(np.frombuffer(buf, np.uint8), starts - base, ends - base)
+            block = matcher.block(np.frombuffer(buf, np.uint8), quotes - base, starts - base, ends - base)
             pairs += check_values(block, matcher.templates, first, label)
             total += int(block.numbers["samples"].sum())
             emit(block, matcher.templates)
@@ -465,6 +468,7 @@ def scan(file: BinaryIO, label: str, emit: Callable[[Block, list[Template]], Non
         keep_from = len(buf) - 256 if scanner.state != "inside" else last_end + 1 - base
         if keep_from > 0:
             buf, base = buf[keep_from:], base + keep_from
+            quotes = quotes[quotes >= base]
     if scanner.state != "after":
         raise Irregular('no "shards" array')
     check_unique(pairs)
