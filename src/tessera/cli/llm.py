@@ -336,7 +336,8 @@ def export(path: str = typer.Argument(..., metavar="CHECKPOINT"),
            allow_changed_base: bool = typer.Option(False, "--allow-changed-base", help="Export even if the "
                                                    "base model's files changed since the run started.")) -> None:
     """Save a checkpoint's model: Tessera's format, or with --format hf one transformers and peft load."""
-    from tessera.llm.export import load_model, save_pretrained
+    from tessera.llm.export import save_pretrained
+    from tessera.llm.hf.mpt_load import load_gpt
     from tessera.llm.tokenizer import load_tokenizer
 
     if fmt not in ("tessera", "hf"):
@@ -354,7 +355,7 @@ def export(path: str = typer.Argument(..., metavar="CHECKPOINT"),
         err.print(f"exported {'the LoRA adapter' if adapter_only else 'a transformers model'} to {url}")
         return
     try:
-        model, tok = load_model(path)
+        model, tok = load_gpt(path)  # a Tessera export or checkpoint, a Composer checkpoint, an MPT folder
         if tokenizer:
             tok = load_tokenizer(tokenizer)
         url = save_pretrained(model, out_url, tokenizer=tok)

@@ -135,9 +135,10 @@ def load_model(path: str | os.PathLike[str], device: torch.device | str = "cpu",
     """A GPT from an export folder, a checkpoint folder, or a run's checkpoint root (newest checkpoint);
     what `path` is, is `resolve_model_source`'s to say (NotAModel: a hub id, nothing there)."""
     source = resolve_model_source(path)
-    if source.kind == "transformers":
-        raise ExportError(f"{os.fspath(path)}: a transformers model folder, not a Tessera GPT (export or "
-                          "checkpoint)")
+    if source.kind in ("transformers", "composer"):
+        what = "a transformers model folder" if source.kind == "transformers" else "a Composer checkpoint"
+        raise ExportError(f"{os.fspath(path)}: {what}, not a Tessera GPT (export or checkpoint); "
+                          "tessera.llm.hf.mpt_load.load_gpt reads MPT ones")
     if source.kind == "export":
         return load_pretrained(open_store(path), device)
     state = _checkpoint_state(path)
@@ -152,7 +153,8 @@ def checkpoint_weights(path: str | os.PathLike[str]) -> dict[str, Any]:
     the keys of DDP and torch.compile wrappers stripped; "config" is the run config it was saved with."""
     kind = resolve_model_source(path).kind
     if kind != "checkpoint":
-        what = "a transformers model folder" if kind == "transformers" else "a model export"
+        what = {"transformers": "a transformers model folder", "composer": "a Composer checkpoint file"}.get(
+            kind, "a model export")
         raise ExportError(f"{os.fspath(path)}: {what}, not a training checkpoint")
     return _checkpoint_state(path)
 

@@ -9,7 +9,9 @@ A source is one of three kinds, read from its `config.json` (a few bytes; no wei
 - `transformers`: a config.json with a `model_type` (a transformers folder, local or in a bucket);
 - `export`: a config.json with `"format": "tessera-gpt"` (`tessera llm export`, llm/export.py);
 - `checkpoint`: no config.json, but something there: a training checkpoint or a run's checkpoint root
-  (whether it loads is the checkpoint reader's to say).
+  (whether it loads is the checkpoint reader's to say);
+- `composer`: one file (local, or an object in a bucket) that `torch.save` wrote, a .tar, or a compressed
+  file: a Composer checkpoint (LLM Foundry's `ep0-ba100-rank0.pt`; llm/hf/composer.py reads it).
 
 Tessera never downloads from a model hub at run time, so a hub id (`org/name`) that is not a folder here
 is refused with how to place the model, instead of a "no such folder" that reads like a typo.
@@ -24,11 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tessera.storage import NotFound, open_store
+from tessera.storage import InvalidURL, NotFound, open_store, split_url
 
 EXPORT_FORMAT = "tessera-gpt"  # the `format` of an export's config.json
 CONFIG = "config.json"
-Kind = Literal["transformers", "export", "checkpoint"]
+Kind = Literal["transformers", "export", "checkpoint", "composer"]
+# The first bytes of a Composer checkpoint file: torch.save's zip archive or older pickle stream, a .tar,
+# or a compressed .pt (which the reader refuses with what to do); (offset, magic).
+_CHECKPOINT_FILE_MAGIC = ((0, b"PK\x03\x04"), (0, b"\x80"), (257, b"ustar"), (0, b"\x1f\x8b"),
+                          (0, b"\x28\xb5\x2f\xfd"), (0, b"\x04\x22\x4d\x18"), (0, b"BZh"), (0, b"\xfd7zXZ"))
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -65,8 +71,10 @@ def resolve_model_source(url: str | os.PathLike[str], key: str | None = None) ->
                 raise NotAModel(hub_id_message(url, key))
             raise NotAModel(f"{label}: not a model: no such file or folder")
         if not local.is_dir():
+            if is_checkpoint_file(url):
+                return ModelSource(url, "composer")
             raise NotAModel(f"{label}: not a model: a file, not a folder (a transformers folder, a Tessera "
-                            "export or a checkpoint folder)")
+                            "export or a checkpoint folder), nor a Composer checkpoint file")
     store = open_store(url)
     try:
         config = json.loads(store.get(CONFIG))
@@ -76,6 +84,8 @@ def resolve_model_source(url: str | os.PathLike[str], key: str | None = None) ->
         raise NotAModel(f"{label}: not a model: its {CONFIG} is not JSON") from None
     if config is None:
         if is_remote(url) and next(iter(store.list("")), None) is None:
+            if is_checkpoint_file(url):
+                return ModelSource(url, "composer")
             raise NotAModel(f"{label}: not a model: no files there")
         return ModelSource(url, "checkpoint")
     if isinstance(config, dict) and "model_type" in config:
@@ -84,6 +94,27 @@ def resolve_model_source(url: str | os.PathLike[str], key: str | None = None) ->
         return ModelSource(url, "export", config)
     raise NotAModel(f"{label}: not a model: its {CONFIG} is neither a transformers config (no model_type) nor "
                     f"a Tessera export's (format {EXPORT_FORMAT})")
+
+
+def is_checkpoint_file(url: str | os.PathLike[str]) -> bool:
+    """Whether `url` names one file (local, or an object in a bucket) whose first bytes are a checkpoint
+    file's (see `Kind`); False for a folder or nothing at all."""
+    url = os.fspath(url)
+    try:
+        if is_remote(url):
+            root, key = split_url(url)
+            store = open_store(root)
+            size = store.head(key).size
+            head = store.get_range(key, 0, min(size, 262)) if size else b""
+        else:
+            local = Path(url.removeprefix("file://")).expanduser()
+            if not local.is_file():
+                return False
+            with local.open("rb") as f:
+                head = f.read(262)
+    except (NotFound, InvalidURL):
+        return False
+    return any(head[offset:offset + len(magic)] == magic for offset, magic in _CHECKPOINT_FILE_MAGIC)
 
 
 def hub_id_message(hub_id: str, key: str | None = None) -> str:

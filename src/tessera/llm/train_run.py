@@ -14,6 +14,7 @@ import torch
 
 from tessera.llm.finetune.batch import ExampleBatch
 from tessera.llm.finetune.loader import PrepSummaryLog, example_loader, streamed_summary
+from tessera.llm.hf.composer_start import composer_trainer_config
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
 from tessera.llm.hf.fingerprint import FINGERPRINT_KEY, BaseCheck, base_fingerprint
 from tessera.llm.hf.load import (
@@ -154,7 +155,8 @@ def make_trainer(recipe: Recipe) -> Trainer:
         base = base_fingerprint(spec)
         callbacks.append(BaseCheck(spec, base))
     return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
-                   callbacks=callbacks, run_config=run_config(recipe, model, base, prep_summary), config=recipe.trainer_config())
+                   callbacks=callbacks, run_config=run_config(recipe, model, base, prep_summary),
+                   config=composer_trainer_config(recipe.trainer_config()))  # a Composer load_path: hf/composer_start.py
 
 
 def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | None = None,

@@ -34,6 +34,7 @@ from tessera.llm.hf.fingerprint import FINGERPRINT_KEY, check_base
 from tessera.llm.hf.gpt_to_hf import gpt_to_hf, hf_architecture
 from tessera.llm.hf.load import load_pretrained_model
 from tessera.llm.hf.lora import add_lora, lora_target, merge_lora
+from tessera.llm.hf.mpt_load import load_gpt
 from tessera.llm.model import GPT
 from tessera.llm.model_source import resolve_model_source
 from tessera.storage import open_store
@@ -82,6 +83,8 @@ def load_checkpoint_model(path: str | os.PathLike[str], base_check: str | None =
         return load_pretrained_model(PretrainedSpec(pretrained=os.fspath(path)))
     if kind == "export":
         return load_model(path)
+    if kind == "composer":
+        return load_gpt(path)
     state = checkpoint_weights(path)
     config = state.get("config") or {}
     if not (is_pretrained(config.get("model")) or config.get("lora")):

@@ -110,7 +110,7 @@ def fingerprint_folder_of(spec: PretrainedSpec) -> Path | None:
     (a Tessera checkpoint, or a remote Tessera export)."""
     url = spec.pretrained
     kind = resolve_model_source(url, "model.pretrained").kind
-    if kind == "checkpoint" or (kind == "export" and is_remote(url)):
+    if kind in ("checkpoint", "composer") or (kind == "export" and is_remote(url)):
         return None
     return local_model_folder(url, spec.cache_dir)
 

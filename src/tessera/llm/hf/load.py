@@ -105,11 +105,12 @@ def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausa
 
 
 def load_tessera_gpt(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[nn.Module, Any]:
-    """A Tessera GPT export or checkpoint as the starting point (its tokenizer, None if it has none)."""
-    from tessera.llm.export import load_model
+    """A Tessera GPT export or checkpoint, or a Composer checkpoint of an MPT, as the starting point (its
+    tokenizer, None if it has none)."""
+    from tessera.llm.hf.mpt_load import load_gpt
 
     try:
-        model, tokenizer = load_model(spec.pretrained)
+        model, tokenizer = load_gpt(spec.pretrained)
     except ExportError:
         raise not_a_model(spec.pretrained, KEY) from None
     if spec.max_seq_len and spec.max_seq_len > model.cfg.max_seq_len:
@@ -124,6 +125,9 @@ def tessera_gpt_description(spec: PretrainedSpec) -> tuple[Any, Any]:
     by loading it."""
     from tessera.llm.export import describe_export
 
+    if resolve_model_source(spec.pretrained, KEY).kind == "composer":  # one file: its config is inside
+        model, tokenizer = load_tessera_gpt(spec)
+        return model.cfg, tokenizer
     try:
         described = describe_export(spec.pretrained)
     except ExportError:
