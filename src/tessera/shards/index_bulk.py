@@ -12,7 +12,7 @@ segments that are neither empty nor '.' or '..'), which `check_basename` always 
 other goes through `check_basename` and `shard_key` themselves.
 
 The text is read in chunks into one buffer, so memory stays a few MB whatever the index size. Anything
-the walk does not expect (a backslash escape, a digest outside printable ASCII, more than `MAX_LAYOUTS`
+the walk does not expect (an escaped quote or backslash, a digest outside printable ASCII, more than `MAX_LAYOUTS`
 templates, unusual text between entries, a value out of bounds, a duplicate) raises `Irregular`, and the
 caller falls back to `DatasetIndex.from_json` of the whole text: that either raises the very error it
 always raised, or accepts the index.
@@ -48,7 +48,7 @@ _SAFE = np.zeros(256, bool)  # basename bytes the bulk check accepts
 _SAFE[[ord(c) for c in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+=@,~/"]] = True
 _SHARDS_KEY = re.compile(rb'"shards"\s*:\s*$')
 _SEPARATOR = re.compile(rb"\s*,\s*")
-_TOKEN = re.compile(rb'\s*(?:"([^"\\\x00-\x1f]*)"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(true|false|null)|([{}\[\]:,]))')
+_TOKEN = re.compile(rb'\s*(?:"((?:[^"\\\x00-\x1f]|\\.)*)"|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|(true|false|null)|([{}\[\]:,]))')
 _DIGITS = 20
 _HASH_MULT = np.random.Generator(np.random.PCG64(24)).integers(1, 2**63, 256, dtype=np.uint64) | np.uint64(1)
 
@@ -332,7 +332,7 @@ def check_values(block: Block, templates: list[Template], first_shard: int,
             raise Irregular("bytes out of bounds")
     for field, (blob, lengths) in block.strings.items():
         if ".hashes." in field and (lengths.max(initial=0) > MAX_DIGEST or (blob.size and (
-                blob.min() < 0x20 or blob.max() > 0x7E))):
+                blob.min() < 0x20 or blob.max() > 0x7E or (blob == 0x5C).any()))):
             raise Irregular("a digest the bulk reader does not take")
     for t, template in enumerate(templates):
         mine = block.layout == t
@@ -386,8 +386,8 @@ class ArrayScan:
 
     def feed(self, chunk: bytes, base: int, context: bytes) -> None:
         """Scan `chunk` (at absolute position `base`); `context` is the text just before it."""
-        if b"\\" in chunk:
-            raise Irregular("an escape in index.json")
+        if b"\\" in chunk and (b'\\"' in context[-1:] + chunk or b"\\\\" in context[-1:] + chunk):
+            raise Irregular("an escaped quote or backslash in index.json")  # others (\n, \u00e9) hold no quote
         a = np.frombuffer(chunk, np.uint8)
         quotes = np.flatnonzero(a == 34)
         self.quotes = base + quotes

@@ -2,7 +2,8 @@
 
 A dataset of 500k shards has an index.json of ~190 MB; parsing it into Python objects took every process
 seconds and ~1.5 GB. What readers need is a few numbers per shard, so the first process on a node packs
-the index into one binary file next to the cache (`<folder>/.tessera/index.packed`):
+the index into one binary file next to the cache (`<cache>/.tessera/index.packed`; for a local dataset,
+whose folder is never written to, under the node's temp dir: `packed_location`):
 
     prefix: magic, header length, file length, xxh3_64 of everything after the prefix
     header: JSON (format, the index's size, stat and xxh64, shard count, layouts, top-level keys, sections)
@@ -314,25 +315,27 @@ class PackedIndex(Sequence[ShardEntry]):
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as where it is (a worker maps the same file), never as its arrays."""
-        return _reopen, (str(self.index_path), self.label, self.fingerprint)
+        return _reopen, (str(self.index_path), self.label, self.fingerprint, self.path == self.index_path.parent / PACKED_NAME)
 
 
-def _reopen(index: str, label: str, fingerprint: str) -> PackedIndex:
-    packed = open_packed(Path(index), label)
+def _reopen(index: str, label: str, fingerprint: str, beside: bool) -> PackedIndex:
+    packed = open_packed(Path(index), label, beside)
     if packed.fingerprint != fingerprint:
         raise IndexFormatError(label, "index.json changed while the dataset was in use (its packed form no "
                                "longer matches); build the dataset again")
     return packed
 
 
-def packed_location(index: Path) -> Path:
-    """Where the packed form of `index` lives: `.tessera/index.packed` in its folder, or, when that
-    folder cannot be written (a read-only dataset), a folder per index under the system temp dir."""
+def packed_location(index: Path, beside: bool) -> Path:
+    """Where the packed form of `index` lives: with `beside` (a cache folder of downloaded shards)
+    `.tessera/index.packed` in its folder, if it can be written; else (a dataset folder, which is never
+    written to, or a read-only cache) a folder per index under the system temp dir of this node."""
     local = index.parent / PACKED_NAME
     with contextlib.suppress(OSError):
-        local.parent.mkdir(parents=True, exist_ok=True)
-        if os.access(local.parent, os.W_OK):
-            return local
+        if beside:
+            local.parent.mkdir(parents=True, exist_ok=True)
+            if os.access(local.parent, os.W_OK):
+                return local
     digest = hashlib.sha1(str(index.resolve()).encode()).hexdigest()[:16]
     return Path(tempfile.gettempdir()) / "tessera-packed" / digest / PACKED_NAME.name
 
@@ -372,12 +375,13 @@ def _exclusive(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def open_packed(index: Path, label: str) -> PackedIndex:
-    """The packed form of `index` (index.json), packing it first when there is none that matches it.
+def open_packed(index: Path, label: str, beside: bool = False) -> PackedIndex:
+    """The packed form of `index` (index.json), packing it first when there is none that matches it
+    (`packed_location` says where, `beside` as there).
 
     FileNotFoundError if `index` does not exist; IndexFormatError (naming `label`) if it is invalid.
     """
-    dest = packed_location(index)
+    dest = packed_location(index, beside)
     found = _load(dest, os.stat(index), index, label)
     if found is not None:
         return found

@@ -58,8 +58,7 @@ class CacheLimitError(RuntimeError, ValueError):
 
 def largest_shard(streams: list[Any]) -> int:
     """Cache bytes one shard of these (loaded) streams needs at most (raw + compressed while decompressed)."""
-    return max((e.raw_data.bytes + (e.zip_data.bytes if e.zip_data else 0)
-                for st in streams if st.remote_store is not None for e in st.entries), default=0)
+    return max((st.packed.largest_shard for st in streams if st.remote_store is not None), default=0)
 
 
 def check_cache_limit(cache_limit: int | None, streams: list[Any]) -> None:

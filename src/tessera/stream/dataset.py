@@ -54,6 +54,7 @@ from tessera.stream.slots import Layout, SlotRing
 from tessera.stream.stage_times import StageTimes
 from tessera.stream.streams import (
     LoadedStream,
+    ShardIds,
     Stream,
     check_unsafe_columns,
     has_remote_copy,
@@ -62,6 +63,15 @@ from tessera.stream.streams import (
     write_back_weights,
 )
 from tessera.stream.world import World
+
+
+def _shard_base(streams: Sequence[LoadedStream]) -> np.ndarray:
+    """The first global sample id of every shard, then the total: one stream's is its packed index's
+    mapped `sample_base` (shared by every process of the node), several streams' a new array."""
+    if len(streams) == 1:
+        return streams[0].packed.sample_base
+    sizes = np.concatenate([st.packed.samples for st in streams])
+    return np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
 
 def _map_nested(fn: Callable[[Any], Any], samples: Any) -> Any:
@@ -126,14 +136,13 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         chosen = columns(self.streams) if callable(columns) else columns
         self.columns = list(chosen) if chosen else None
         check_unsafe_columns(self.streams, self.columns, allow_unsafe_types)
-        self._entries = [(si, sh) for si, st in enumerate(self.streams) for sh in range(len(st.entries))]
+        self._entries = ShardIds([len(st.entries) for st in self.streams])
         self.stage_times = StageTimes()
         self._shards = OpenShards(self.streams, self._entries, columns=self.columns,
                                   allow_unsafe_types=allow_unsafe_types, cache_limit=self.cache_limit,
                                   ranged_reads=ranged_reads, times=self.stage_times,
                                   max_open=open_limit(self.cache_limit, self.streams, world))
-        sizes = np.array([self.streams[si].entries[sh].samples for si, sh in self._entries], dtype=np.int64)
-        self._shard_base = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._shard_base = _shard_base(self.streams)
         lanes = num_canonical_nodes or default_lanes(shuffle_algo, world.num_nodes, self.num_samples)
         if shuffle and shuffle_block_size is None and self.cache_limit is not None:
             shuffle_block_size = cache_fitted_block(self.cache_limit, self.streams, lanes)
@@ -150,6 +159,23 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self._resume: PlanState | None = None
         self._epoch_used = False  # an iteration of self._epoch started (the next one starts the next epoch)
         self.transform = transform
+
+    # --- pickling (spawn and forkserver DataLoader workers) ---------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """Small: each stream's packed index pickles as its location (the worker maps the same file), and
+        what derives from the packed arrays (`_shard_base`, the run plan) is derived again on arrival."""
+        return {**self.__dict__, "_shard_base": None, "_run": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._shard_base = _shard_base(self.streams)
+        self._run = RunPlan([st.shards() for st in self.streams], self._config)
+        self._batching.forget_plans()
+
+    def warm_plan(self) -> None:
+        """Build the plan of the epoch the next iteration serves, before DataLoader workers fork: they then
+        share its pages with this process instead of each building its own."""
+        self._epoch_samples(self._epoch + (1 if self._epoch_used else 0), self.global_batch_size())
 
     # --- checks -----------------------------------------------------------------------------------
     def _check_world(self, world: World) -> None:

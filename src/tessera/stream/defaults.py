@@ -25,10 +25,10 @@ def cache_fitted_block(cache_limit: int, streams: list[LoadedStream], lanes: int
     another limit continues the same order.
     """
     fits = cache_limit // max(1, largest_shard(streams))
-    remote = [e.samples for st in streams if st.remote_store is not None for e in st.entries]
-    if not remote:
+    remote = [st.packed.samples for st in streams if st.remote_store is not None]
+    if not remote or not sum(len(r) for r in remote):
         return None
-    per_shard = int(np.median(remote))
+    per_shard = int(np.median(np.concatenate(remote)))
     block = max(1, fits // 4 // lanes) * per_shard
     return block if block < max(4_000_000 // lanes, 1 << 18) else None
 

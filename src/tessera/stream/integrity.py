@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from tessera.shards.index import ShardEntry
@@ -25,13 +26,15 @@ def _key(path: Path, algo: str, want: str, st: os.stat_result) -> tuple[str, str
     return (str(path), algo, want.lower(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def check_hash_recorded(entries: list[ShardEntry], algo: str | None, label: str) -> None:
+def check_hash_recorded(layouts: Sequence[tuple[int, ShardEntry]], algo: str | None, label: str) -> None:
     """validate_hash names an algorithm every shard's files record in index.json (else nothing could be
-    checked): an error at start-up naming the index, instead of a failure at some later shard."""
+    checked): an error at start-up naming the index, instead of a failure at some later shard. Checked on
+    the first shard of each layout (`PackedIndex.layout_shards`): the shards of a layout record the same
+    hash names."""
     if not algo:
         return
     new_hasher(algo)  # ValueError listing the supported algorithms
-    for shard, entry in enumerate(entries):
+    for shard, entry in layouts:
         for info in (entry.raw_data, entry.zip_data):
             if info is not None and algo not in info.hashes:
                 raise IntegrityError(f"{label}: validate_hash={algo!r} but shard {shard} ({info.basename}) "

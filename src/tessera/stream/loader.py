@@ -283,6 +283,8 @@ class StreamingDataLoader(DataLoader):
         self._batches_seen = 0
         if self._shared is not None:
             self._shared.publish(ds)  # before the DataLoader tells persistent workers to start again
+        if self.num_workers > 0 and self._iterator is None:
+            ds.warm_plan()  # fork()ed workers share this process's plan of the epoch
         with fork_gate() as gate_open:  # decide and fork workers in one step (tessera.storage.fork_gate)
             if self._iterator is None:  # workers start (persistent ones only the first time)
                 if self._auto_context and self.num_workers > 0:

@@ -31,7 +31,7 @@ class MosaicDatasetAPI:
 
     streams: list[LoadedStream]
     _shard_base: np.ndarray  # int64, one more than the number of shards: first sample id of each, then total
-    _entries: list[tuple[int, int]]  # (stream, shard in stream) of every shard
+    _entries: Sequence[tuple[int, int]]  # (stream, shard in stream) of every shard (streams.ShardIds)
     _run: RunPlan
     _config: PlanConfig
     initial_physical_nodes: int | None
@@ -115,7 +115,7 @@ class MosaicDatasetAPI:
 
     @property
     def samples_per_stream(self) -> np.ndarray:
-        return np.array([sum(e.samples for e in st.entries) for st in self.streams], dtype=np.int64)
+        return np.array([int(st.packed.samples.sum()) for st in self.streams], dtype=np.int64)
 
     @property
     def sample_offset_per_stream(self) -> np.ndarray:

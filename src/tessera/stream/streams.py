@@ -10,15 +10,16 @@ import hashlib
 import os
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from tessera.shards.errors import DatasetNotFound
-from tessera.shards.index import INDEX_BASENAME, DatasetIndex, ShardEntry
+from tessera.shards.index import INDEX_BASENAME, ShardEntry
+from tessera.shards.packed_index import PackedIndex, open_packed
 from tessera.shards.reader import ShardReader
 from tessera.shards.text_reader import open_shard_reader
 from tessera.storage import NotFound, RetryPolicy, StorageError, Store, open_store
@@ -85,28 +86,33 @@ def has_remote_copy(spec: Stream) -> bool:
 
 @dataclass
 class LoadedStream:
-    """A stream after start-up: its index, its cache, and its place in the global sample space."""
+    """A stream after start-up: its index (packed, mapped: packed_index.py), its cache, and its place in
+    the global sample space. `entries` is the packed index itself: a sequence of ShardEntry rebuilt on
+    demand, never a list of them."""
 
     spec: Stream
-    index: DatasetIndex
-    fingerprint: str
+    packed: PackedIndex
+    fingerprint: str  # xxh64 of index.json's bytes (in the plan's fingerprint, so in resume states)
     cache: ShardCache
     local_root: Path
     remote_store: Store | None
     label: str
-    entries: list[ShardEntry] = field(default_factory=list)
     weights: tuple[float | None, float | None, int | None] = (None, None, None)  # as given: `given_weights`
     granularity: int = 1  # the dataset's sampling_granularity (batching/mixing.py)
 
+    @property
+    def entries(self) -> Sequence[ShardEntry]:
+        return self.packed
+
     def shards(self) -> StreamShards:
         proportion, repeat, choose = self.weights
-        return StreamShards([e.samples for e in self.entries], proportion=proportion, repeat=repeat,
-                            choose=choose, granularity=self.granularity)
+        return StreamShards(self.packed.samples, proportion=proportion, repeat=repeat, choose=choose,
+                            granularity=self.granularity)
 
     def __getattr__(self, name: str) -> Any:
         """MosaicML's `ds.streams[i]` is the Stream itself: what this object lacks (`remote`, `split`, the
         resolved `proportion`, a registered Stream subclass's own fields) is read from the Stream."""
-        if name.startswith("__") or name == "spec":  # copy/pickle probe before __dict__ is set
+        if name.startswith("__") or name in ("spec", "packed"):  # copy/pickle probe before __dict__ is set
             raise AttributeError(name)
         return getattr(self.spec, name)
 
@@ -127,6 +133,27 @@ class LoadedStream:
         check = (self.cache.validate_hash,) if self.cache.validate_hash else ()  # meta files of text shards
         return open_shard_reader(path, entry, self.local_root, self.remote_store, columns=columns,  # type: ignore[return-value]
                                  allow_unsafe_types=allow_unsafe_types, label=label, shard=shard, check=check)
+
+
+class ShardIds(Sequence[tuple[int, int]]):
+    """Global shard id -> (stream, shard in the stream), from the streams' shard counts (no list of pairs)."""
+
+    def __init__(self, counts: Sequence[int]) -> None:
+        self.starts = np.concatenate([[0], np.cumsum(np.asarray(counts, np.int64))]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, shard: Any) -> Any:
+        if isinstance(shard, slice):
+            return [self[i] for i in range(*shard.indices(len(self)))]
+        shard = int(shard)
+        if not 0 <= shard < len(self):
+            raise IndexError(f"shard {shard} is out of range for {len(self)} shards")
+        if self.starts.size == 2:
+            return 0, shard
+        stream = int(np.searchsorted(self.starts, shard, side="right")) - 1
+        return stream, shard - int(self.starts[stream])
 
 
 def given_weights(spec: Stream) -> tuple[float | None, float | None, int | None]:
@@ -168,12 +195,13 @@ def read_index(remote: Store) -> bytes:
     return call_outside_runtime(lambda: remote.get(INDEX_BASENAME))
 
 
-def fetch_index(remote: Store, local_root: Path, label: str) -> bytes:
+def fetch_index(remote: Store, local_root: Path, label: str) -> None:
     """index.json fresh from the remote, cached in `local_root`. When the remote has none or cannot be
     read, an index.json cached by an earlier start is used, with a warning (MosaicML always uses a
     cached one); cached shards are used only where they match its entries, as always (cache.py). The
     default cache folder is named by the remote's absolute location (`default_local`), so it only ever
-    holds what that remote served."""
+    holds what that remote served. A cached copy with the same bytes is left as it is, so its packed
+    form (keyed by the file's stat) stays valid."""
     cached = local_root / INDEX_BASENAME
     try:
         raw = read_index(remote)
@@ -185,14 +213,31 @@ def fetch_index(remote: Store, local_root: Path, label: str) -> bytes:
             raise
         warnings.warn(f"{label}: {type(err).__name__}: {err}; using the index.json cached at {cached}",
                       stacklevel=4)
-        return cached.read_bytes()
-    write_atomic(cached, raw)
-    return raw
+        return
+    if not _same_bytes(cached, raw):
+        write_atomic(cached, raw)
+
+
+def _same_bytes(path: Path, data: bytes) -> bool:
+    """Whether the file at `path` holds exactly `data` (read in chunks)."""
+    try:
+        if path.stat().st_size != len(data):
+            return False
+        with open(path, "rb") as file:
+            view, at = memoryview(data), 0
+            while chunk := file.read(1 << 20):
+                if chunk != view[at:at + len(chunk)]:
+                    return False
+                at += len(chunk)
+        return at == len(data)
+    except OSError:
+        return False
 
 
 def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, validate_hash: str | None,
                 keep_zip: bool, cache_limit: int | None, peer_roots: list[Path]) -> LoadedStream:
-    """Fetch and validate the stream's index (fresh from the remote on every start) and set up its cache."""
+    """Fetch the stream's index (fresh from the remote on every start), map its packed form (packing it
+    once per node: packed_index.py) and set up its cache."""
     retry = RetryPolicy(max_attempts=(spec.download_retry if spec.download_retry is not None
                                       else download_retry) + 1,
                         request_timeout=spec.download_timeout or download_timeout)
@@ -203,17 +248,14 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
     local_root = local_root_of(spec)
     label = remote.url_for(INDEX_BASENAME) if remote else str(local_root / INDEX_BASENAME)
     if remote is not None:
-        raw = fetch_index(remote, local_root, label)
-    else:
-        try:
-            raw = (local_root / INDEX_BASENAME).read_bytes()
-        except FileNotFoundError:
-            raise DatasetNotFound(f"{label}: no index.json and no remote to fetch it from") from None
-    index = DatasetIndex.from_json(raw, label)
-    check_hash_recorded(index.shards, spec.validate_hash or validate_hash, label)
+        fetch_index(remote, local_root, label)
+    try:
+        packed = open_packed(local_root / INDEX_BASENAME, label, beside=remote is not None)
+    except FileNotFoundError:
+        raise DatasetNotFound(f"{label}: no index.json and no remote to fetch it from") from None
+    check_hash_recorded(packed.layout_shards(), spec.validate_hash or validate_hash, label)
     cache = ShardCache(local_root, remote, cache_limit=cache_limit,
                        validate_hash=spec.validate_hash or validate_hash,
                        keep_zip=spec.keep_zip if spec.keep_zip is not None else keep_zip,
                        peer_roots=peer_roots)
-    return LoadedStream(spec, index, xxhash.xxh64(raw).hexdigest(), cache, local_root, remote, label,
-                        list(index.shards), given_weights(spec))
+    return LoadedStream(spec, packed, packed.fingerprint, cache, local_root, remote, label, given_weights(spec))

@@ -64,6 +64,13 @@ class Batching:
         self.device_batch_size = device_batch_size
         self._plans: StreamPlans | None = None
 
+    def forget_plans(self) -> None:
+        """Drop the per-stream plans (rebuilt from the run plan when next needed)."""
+        self._plans = None
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_plans": None}  # rebuilt from the run plan in the process that needs them
+
     def schedule(self, run: RunPlan, epoch: int, global_batch_size: int,
                  start: int = 0) -> BatchSchedule | StreamSchedule:
         if self.method == "random":
