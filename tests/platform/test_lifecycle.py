@@ -1,24 +1,24 @@
 """The run lifecycle verbs MCLI users expect, on the local cluster with a real supervisor: delete, update,
-clone, list with filters and pages, metrics read incrementally, Run.from_dict, and the state.db migration
-that adds the runs' user column."""
+clone, list with filters and pages, metrics read incrementally, Run.from_dict, and an old state.db
+without the runs' user column imported."""
 
 from __future__ import annotations
 
 import getpass
 import json
-import sqlite3
 import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
+from old_home import build_old_home
 from platform_helpers import wait_for
+from sqlalchemy import event, text
 
 from tessera.platform import Platform, Run, RunFailed, RunNotFound, RunStateError, SpecError
 from tessera.platform.api import sdk
-from tessera.platform.store.state import PENDING, RunRecord, StateDB, new_run_id
-from tessera.platform.store.state_schema import SCHEMA, SCHEMA_VERSION
+from tessera.platform.store.state import PENDING, RunRecord, new_run_id
 
 TIMEOUT = 30
 
@@ -52,8 +52,9 @@ def test_delete_stops_an_active_run_first_and_refuses_one_that_will_not_stop(
     assert not folder.exists()
     wait_for(lambda: not Path(f"/proc/{pid}").exists(), timeout=10, what=f"process {pid} to be gone")
     # resumptions and events went with the record
-    for table in ("resumptions", "events"):
-        assert platform.db.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0] == 0
+    with platform.db.engine.connect() as c:
+        for table in ("resumptions", "events"):
+            assert c.execute(text(f"SELECT COUNT(*) FROM {table}")).scalar() == 0
     with pytest.raises(RunNotFound):
         platform.delete_run("stubborn")
 
@@ -149,8 +150,10 @@ def test_list_filters_pages_and_counts_with_bulk_queries(platform: Platform) -> 
     assert names == ["other-run", "job-4", "job-3", "job-2", "job-1", "job-0"]   # newest first
     assert platform.get_run("other-run").user == getpass.getuser()
     assert [r.name for r in platform.list_runs(user="alice")] == ["job-4", "job-2", "job-0"]
-    assert [r.name for r in platform.list_runs(user="alice", limit=2, offset=1)] == ["job-2", "job-0"]
-    assert [r.name for r in platform.list_runs(offset=4)] == ["job-1", "job-0"]
+    first = platform.run_page(user="alice", limit=2)
+    assert ([r.name for r in first.items], first.total) == (["job-4", "job-2"], 3)
+    last = platform.run_page(user="alice", limit=2, cursor=first.next_cursor)
+    assert ([r.name for r in last.items], last.next_cursor) == (["job-0"], None)
     assert [r.name for r in platform.list_runs(status="failed")] == ["job-1"]
     assert [r.name for r in platform.list_runs(q="JOB-3")] == ["job-3"]
     assert [r.name for r in platform.list_runs(status="PENDING", q="job", user="alice", limit=1)] == ["job-4"]
@@ -161,9 +164,13 @@ def test_list_filters_pages_and_counts_with_bulk_queries(platform: Platform) -> 
         platform.count_runs(status="SLEEPING")
 
     statements: list[str] = []
-    platform.db.conn.set_trace_callback(statements.append)
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if statement.startswith("SELECT"):    # not BEGIN and COMMIT
+            statements.append(statement)
+    event.listen(platform.db.engine, "before_cursor_execute", count)
     runs = platform.list_runs()
-    platform.db.conn.set_trace_callback(None)
+    event.remove(platform.db.engine, "before_cursor_execute", count)
     assert len(runs) == 6 and all(r.events for r in runs)
     assert len(statements) <= 3, statements     # runs, resumptions, events: not two queries per run
 
@@ -185,7 +192,9 @@ with open(os.environ["TESSERA_METRICS"], "a") as f:
 """
 
 
-def test_metrics_are_read_incrementally_from_the_run_folder(platform: Platform, tmp_path: Path) -> None:
+def test_metrics_are_read_incrementally_from_the_artifacts(platform: Platform, tmp_path: Path) -> None:
+    """The run appends to its resumption's metrics.jsonl; the supervisor ships complete lines to the
+    artifacts store, where run_metrics pages through them (positions are the `next` of each answer)."""
     script, go = tmp_path / "writer.py", tmp_path / "go"
     script.write_text(METRICS_WRITER)
     platform.create_run(spec("plots", f"{sys.executable} {script} {go}"))
@@ -196,56 +205,26 @@ def test_metrics_are_read_incrementally_from_the_run_folder(platform: Platform, 
     platform.wait_for_run_status("plots", "COMPLETED", timeout=TIMEOUT)
     rows, end = platform.run_metrics("plots", offset)
     assert rows == [{"step": 3, "loss/train": 0.5}, {"step": 4, "loss/train": 0.25}]
-    assert end == (Path(platform.get_run("plots").folder) / "metrics.jsonl").stat().st_size
+    assert (Path(platform.get_run("plots").resumptions[0].folder) / "metrics.jsonl").read_text().count("\n") == 5
     assert platform.run_metrics("plots", end) == ([], end)
-    with pytest.raises(ValueError, match="offset"):
+    with pytest.raises(ValueError, match="metrics position must be an integer >= 0"):
         platform.run_metrics("plots", -1)
     with pytest.raises(RunNotFound):
         platform.run_metrics("nope")
 
 
-def test_a_line_longer_than_the_read_limit_is_skipped(tmp_path: Path) -> None:
-    from tessera.platform.runs.metrics import read_metrics
-    from tessera.platform.secrets.redaction import Redactor
-
-    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n' + "x" * 100 + '\n{"step": 2}\n')
-    rows, offset = read_metrics(tmp_path, Redactor([]), 0, limit=40)
-    assert rows == [{"step": 1}]
-    seen = []
-    while True:
-        more, offset = read_metrics(tmp_path, Redactor([]), offset, limit=40)
-        if not more and offset == (tmp_path / "metrics.jsonl").stat().st_size:
-            break
-        seen += more
-    assert seen == [{"step": 2}]
+# --- an old state.db ------------------------------------------------------------------------------
 
 
-# --- the state.db migration -----------------------------------------------------------------------
-
-
-def test_an_old_state_db_gets_the_user_column(tmp_path: Path) -> None:
-    old_schema = SCHEMA.replace(", user TEXT", "")
-    assert old_schema != SCHEMA
-    conn = sqlite3.connect(tmp_path / "state.db")
-    conn.executescript(old_schema + "; PRAGMA user_version = 1;")
-    conn.execute("INSERT INTO runs (id, name, spec, status, cluster, created, updated, folder) VALUES "
-                 "('abc', 'legacy', ?, 'COMPLETED', 'local', 1.0, 1.0, ?)",
-                 (json.dumps(spec("legacy", "true")), str(tmp_path / "runs" / "legacy")))
-    conn.commit()
-    conn.close()
-
-    db = StateDB(tmp_path)
-    assert db.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
-    assert "user" in {row["name"] for row in db.conn.execute("PRAGMA table_info(runs)")}
-    assert db.get_run("legacy").user is None
+def test_an_old_state_db_without_the_user_column_is_imported(tmp_path: Path) -> None:
+    """A version-1 state.db (no runs.user): its runs arrive in the store with no user, beside new ones."""
+    build_old_home(tmp_path, 2, version=1)
+    platform = Platform(tmp_path)
     now = time.time()
-    db.insert_run(RunRecord(new_run_id(), "fresh", spec("fresh", "true"), PENDING, "local", now, now,
-                            str(tmp_path), user="dora"))
-    db.close()
-
-    platform = Platform(tmp_path)              # opening again changes nothing
+    platform.db.insert_run(RunRecord(new_run_id(), "fresh", spec("fresh", "true"), PENDING, "local", now, now,
+                                     str(tmp_path), user="dora"))
+    platform = Platform(tmp_path)              # opening again imports nothing twice
     assert [r.name for r in platform.list_runs(user="dora")] == ["fresh"]
-    assert platform.get_run("legacy").user is None and platform.count_runs() == 2
+    assert platform.get_run("old-0000").user is None and platform.count_runs() == 3
     platform.db.add_event("no-such-run", "late", "from a pass that ended a deleted run")   # dropped, no error
     assert platform.db.events("no-such-run") == []
-    platform.close()

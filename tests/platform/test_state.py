@@ -1,4 +1,6 @@
-"""The SQLite control plane: WAL, and safe for several processes writing at once."""
+"""The one store (SQLite here): WAL and safe for several processes writing at once, names unique per team,
+teams isolated, cursor pages stable under inserts, audit entries in the change's transaction, leases with
+fencing tokens, and an old home's state.db imported without losing a row."""
 
 from __future__ import annotations
 
@@ -7,23 +9,33 @@ import time
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from tessera.platform.errors import RunExists
-from tessera.platform.store.state import PENDING, RunRecord, StateDB, new_run_id
+from tessera.platform.store.audit import AuditNote, noting, page_entries, settle
+from tessera.platform.store.db import shared_engine, sqlite_url
+from tessera.platform.store.leases import Fence, StaleLease, acquire, lease_of, release, renew
+from tessera.platform.store.state import PENDING, RUNNING, RunRecord, StateDB, new_run_id
+
+
+def _record(name: str, folder: Path, created: float | None = None, status: str = PENDING) -> RunRecord:
+    now = created if created is not None else time.time()
+    return RunRecord(new_run_id(), name, {"name": name}, status, "local", now, now, str(folder))
 
 
 def _writer(home: str, run_id: str, count: int) -> None:
-    db = StateDB(home)
+    db = StateDB.local(home)
     for i in range(count):
         db.add_event(run_id, "tick", f"event {i}")
         db.update_run(run_id, retries_used=i)
 
 
 def test_wal_and_concurrent_writers(tmp_path: Path) -> None:
-    db = StateDB(tmp_path)
-    assert db.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert (tmp_path / "state.db").stat().st_mode & 0o077 == 0
-    run = RunRecord(new_run_id(), "r", {"name": "r"}, PENDING, "local", time.time(), time.time(), str(tmp_path))
+    db = StateDB.local(tmp_path)
+    with db.engine.connect() as c:
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+    assert (tmp_path / "store.db").stat().st_mode & 0o077 == 0
+    run = _record("r", tmp_path)
     db.insert_run(run)
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_writer, args=(str(tmp_path), run.id, 100)) for _ in range(3)]
@@ -38,7 +50,7 @@ def test_wal_and_concurrent_writers(tmp_path: Path) -> None:
 
 
 def test_node_faults_exclude_after_two_or_at_once_when_hard(tmp_path: Path) -> None:
-    db = StateDB(tmp_path)
+    db = StateDB.local(tmp_path)
     assert db.record_node_fault("c", "n1", "crash") == (1, False)
     assert db.excluded_nodes("c") == []
     assert db.record_node_fault("c", "n1", "crash") == (2, True)
@@ -48,12 +60,77 @@ def test_node_faults_exclude_after_two_or_at_once_when_hard(tmp_path: Path) -> N
 
 
 def test_a_name_taken_between_check_and_insert_is_a_run_exists_error(tmp_path: Path) -> None:
-    """Two submissions of one name that both passed the SDK's check: the database's unique name decides,
-    and the loser gets RunExists (409 through the server), not an sqlite error."""
-    with StateDB(tmp_path) as db:
-        now = time.time()
-        db.insert_run(RunRecord(new_run_id(), "twin", {"name": "twin"}, PENDING, "local", now, now, str(tmp_path)))
-        with pytest.raises(RunExists, match="'twin' exists"):
-            db.insert_run(RunRecord(new_run_id(), "twin", {"name": "twin"}, PENDING, "local", now, now,
-                                    str(tmp_path)))
-        assert [r.name for r in db.list_runs()] == ["twin"]
+    """Two submissions of one name that both passed the SDK's check: the database's unique (team, name)
+    decides, and the loser gets RunExists (409 through the server), not a driver's error; another team
+    may use the name."""
+    engine = shared_engine(sqlite_url(tmp_path / "team.db"))
+    red, blue = StateDB(engine, "red"), StateDB(engine, "blue")
+    red.insert_run(_record("twin", tmp_path))
+    with pytest.raises(RunExists, match="'twin' exists"):
+        red.insert_run(_record("twin", tmp_path))
+    blue.insert_run(_record("twin", tmp_path))
+    assert [r.name for r in red.list_runs()] == ["twin"] and red.count_runs() == blue.count_runs() == 1
+    assert red.get_run("twin").id != blue.get_run("twin").id
+    assert blue.get_run(red.get_run("twin").id) is None          # an id of another team is not found
+
+
+def test_cursor_pages_never_repeat_or_skip_a_run_when_runs_are_added(tmp_path: Path) -> None:
+    db = StateDB(shared_engine(sqlite_url(tmp_path / "team.db")), "red")
+    for i in range(7):
+        db.insert_run(_record(f"r{i}", tmp_path, created=100.0 + i // 2))   # pairs share a created time
+    page, cursor = db.page_runs(limit=3)
+    seen = [r.name for r in page]
+    assert seen[0] == "r6" and set(seen[1:]) == {"r4", "r5"}       # equal times: in id order
+    db.insert_run(_record("late", tmp_path, created=200.0))                # newest: before page one
+    while cursor:
+        page, cursor = db.page_runs(cursor=cursor, limit=3)
+        seen += [r.name for r in page]
+    assert sorted(seen) == [f"r{i}" for i in range(7)] and len(seen) == 7
+    assert db.page_runs(("RUNNING",), limit=5) == ([], None)
+    with pytest.raises(ValueError, match="not a cursor of this list"):
+        db.page_runs(cursor="bm90LWEtY3Vyc29y")
+
+
+def test_audit_entry_commits_with_its_change_or_not_at_all(tmp_path: Path) -> None:
+    engine = shared_engine(sqlite_url(tmp_path / "team.db"))
+    db = StateDB(engine, "red")
+    made = AuditNote("alice", "red", "submit", "one")
+    with noting(made):
+        db.insert_run(_record("one", tmp_path))
+    settle(engine, made)
+    refused = AuditNote("alice", "red", "submit", "one")
+    with noting(refused), pytest.raises(RunExists):
+        db.insert_run(_record("one", tmp_path))
+    assert refused.id is None                                          # rolled back with the insert
+    quiet = AuditNote("alice", "red", "stop", "one", "no change")        # a change that wrote nothing
+    with noting(quiet):
+        pass
+    settle(engine, quiet)
+    entries, cursor = page_entries(engine, "red")
+    assert [(e.action, e.target) for e in entries] == [("stop", "one"), ("submit", "one")] and cursor is None
+    assert page_entries(engine, "red", action="submit", limit=1)[0][0].id == made.id
+    assert page_entries(engine, "blue") == ([], None)
+
+
+def test_leases_fence_a_supervisor_that_lost_its_run(tmp_path: Path) -> None:
+    engine = shared_engine(sqlite_url(tmp_path / "team.db"))
+    db = StateDB(engine, "red")
+    run = _record("leased", tmp_path)
+    db.insert_run(run)
+    [first] = acquire(engine, "A", seconds=30)
+    assert (first.run_id, first.token, first.previous) == (run.id, 1, None)
+    assert acquire(engine, "B", seconds=30) == []                       # held and not expired
+    a = StateDB(engine, "red", fence=Fence("A", {run.id: 1}))
+    a.update_run(run.id, status=RUNNING)
+    assert lease_of(engine, run.id)[0] == "A"
+    with engine.begin() as c:                                          # A stops renewing: it expires
+        c.execute(text("UPDATE run_leases SET expires = 0"))
+    [taken] = acquire(engine, "B", seconds=30)
+    assert (taken.token, taken.previous) == (2, "A")
+    with pytest.raises(StaleLease, match="held by B"):
+        a.update_run(run.id, status=PENDING)
+    assert db.get_run(run.id).status == RUNNING                        # A's late write was refused
+    assert renew(engine, "A", 30) == [] and [lease.token for lease in renew(engine, "B", 30)] == [2]
+    release(engine, "B")
+    assert lease_of(engine, run.id) is None
+    assert acquire(engine, "A", seconds=30)[0].token == 3               # tokens never repeat

@@ -10,6 +10,7 @@ The key itself is never put in a message, a log or an exception.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -41,7 +42,7 @@ def _create_key_file(path: Path) -> None:
         write_private(path, Fernet.generate_key() + b"\n", exclusive=True)
 
 
-def _read_key_file(path: Path, source: str) -> Fernet:
+def _read_key_file(path: Path) -> bytes:
     if not path.exists():
         _create_key_file(path)
     try:
@@ -49,7 +50,7 @@ def _read_key_file(path: Path, source: str) -> Fernet:
         if mode & 0o077:
             raise SecretError(f"the secret key file {path} can be read by other users (mode {mode:o}); "
                               f"run `chmod 600 {path}`")
-        return _fernet(path.read_bytes(), source)
+        return path.read_bytes()
     except OSError as exc:
         raise SecretError(f"cannot read the secret key file {path}: {exc.strerror or exc}") from None
 
@@ -61,6 +62,7 @@ class SecretCipher:
         self.home = home
         self._fernet: Fernet | None = None
         self.source = ""
+        self._fingerprint = ""
 
     def _key(self) -> Fernet:
         if self._fernet is None:
@@ -68,12 +70,20 @@ class SecretCipher:
             key_file = os.environ.get(ENV_SECRET_KEY_FILE)
             if env_key:
                 self.source = ENV_SECRET_KEY
-                self._fernet = _fernet(env_key.encode(), self.source)
+                key = env_key.encode()
             else:
                 path = Path(key_file).expanduser() if key_file else self.home / KEY_FILE
                 self.source = f"{ENV_SECRET_KEY_FILE}={path}" if key_file else f"key file {path}"
-                self._fernet = _read_key_file(path, self.source)
+                key = _read_key_file(path)
+            self._fernet = _fernet(key, self.source)
+            self._fingerprint = hashlib.sha256(key.strip()).hexdigest()[:16]
         return self._fernet
+
+    def fingerprint(self) -> str:
+        """A short one-way digest of the key (what the store records, to tell two keys apart): the key
+        cannot be recovered from it."""
+        self._key()
+        return self._fingerprint
 
     def encrypt(self, data: bytes) -> bytes:
         return self._key().encrypt(data)

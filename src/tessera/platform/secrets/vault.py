@@ -1,30 +1,33 @@
-"""Typed secrets kept under `$TESSERA_HOME/secrets`, encrypted at rest (docs/secrets.md).
+"""Typed secrets, encrypted at rest (docs/secrets.md), in the store's `secrets` table: per team, one row per
+secret holding its name, type, creation time and a Fernet token (crypto.py) of its JSON record, file
+contents included, so no value is stored in the clear. The database decides between writers racing for
+one name: without `overwrite` one insert wins and the others get SecretExists; with it each write
+replaces the whole record (an upsert), so the stored record is always one acknowledged write, whole.
 
-Layout: `secrets/` (0700) holds `NAME.secret` (0600) per secret: a Fernet token (secret_crypto.py) of the
-secret's JSON record, file contents included, so no value is on disk in the clear. Records written in
-the clear by earlier versions (`NAME.json`, and `files/NAME/FILENAME` for a file secret) are encrypted
-on first access and the plaintext removed. Values leave this module only as an `Injection` (the
-environment a run receives, and its files, decrypted into the run's resumption folder at launch) or
-inside a `Redactor` (which hides them in text shown to people). `SecretInfo`, which `list` returns, has
-names and types, never values.
+Secrets an older version kept as files under `<home>/secrets` (`NAME.secret` tokens, or `NAME.json` and
+`files/NAME/FILENAME` in the clear before that) are imported into the table on first use, then deleted.
+Values leave this module only as an `Injection` (the environment a run receives, and its files, decrypted
+into the run's resumption folder at launch) or inside a `Redactor` (which hides them in text shown to
+people). `SecretInfo`, which `list` returns, has names and types, never values.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy import Engine, delete, insert, select
+from sqlalchemy.exc import IntegrityError
 
 from tessera.platform.errors import SecretError, SecretExists, SecretNotFound
 from tessera.platform.home import private_dir, tessera_home, write_private
-from tessera.platform.secrets.crypto import SecretCipher
+from tessera.platform.secrets.crypto import ENV_SECRET_KEY, ENV_SECRET_KEY_FILE, SecretCipher
+from tessera.platform.secrets.legacy_files import import_secret_files
 from tessera.platform.secrets.redaction import Redactor
 from tessera.platform.secrets.types import (
     SECRET,
@@ -43,14 +46,17 @@ from tessera.platform.secrets.types import (
     parse_secret,
 )
 from tessera.platform.spec.run_spec import validate_name
+from tessera.platform.store.audit import transaction
+from tessera.platform.store.db import reading, upsert
+from tessera.platform.store.homes import LOCAL_TEAM, home_engine
+from tessera.platform.store.meta import KEY_FINGERPRINT, claim_setting
+from tessera.platform.store.models import secrets
 
 __all__ = [
     "SECRET_TYPES", "AnySecret", "AzureSecret", "DockerRegistrySecret", "EnvSecret", "FileSecret", "GCPSecret",
     "GitSSHSecret", "Injection", "MountedSecret", "Redactor", "S3Secret", "SSHSecret", "SecretInfo",
     "SecretInputError", "SecretStore", "default_env_var", "parse_secret", "secret_json",
 ]
-
-SUFFIX = ".secret"
 
 
 @dataclass(frozen=True)
@@ -82,15 +88,21 @@ def _name(name: str) -> str:
 
 
 class SecretStore:
-    """The secrets of one TESSERA_HOME."""
+    """The secrets of one team: `SecretStore(home)` is the standalone CLI's (team "local" of the home's
+    store), `SecretStore(home, engine=E, team=T)` a server team's. `home` is where an older version's
+    secret files may be, and where the key file is by default."""
 
-    def __init__(self, home: str | Path | None = None) -> None:
+    def __init__(self, home: str | Path | None = None, *, engine: Engine | None = None,
+                 team: str = LOCAL_TEAM) -> None:
         self.home = tessera_home(home)
         self.root = self.home / "secrets"
         self.cipher = SecretCipher(self.home)
+        self.engine = engine if engine is not None else home_engine(self.home)
+        self.team = team
+        self._imported = False
 
-    def _path(self, name: str) -> Path:
-        return self.root / f"{_name(name)}{SUFFIX}"
+    def _key(self, name: str) -> Any:
+        return (secrets.c.team == self.team) & (secrets.c.name == _name(name))
 
     # --- writing ----------------------------------------------------------------------------------
 
@@ -100,22 +112,17 @@ class SecretStore:
         return self.add(parse_secret({**fields, "type": type_, "name": name}), overwrite=overwrite)
 
     def add(self, secret: AnySecret, *, overwrite: bool = False) -> SecretInfo:
-        """Store a typed secret, encrypted. Without `overwrite`, the file system decides between writers
-        racing for one name (the record is linked into place only where no file is): one wins, the
-        others raise SecretExists, and the stored record is the winner's. With it, each writer replaces
-        the whole record atomically: the last one stays, never a mix of two."""
-        self._migrate()
-        private_dir(self.root)
+        """Store a typed secret, encrypted (see the module's docstring for racing writers)."""
+        self._import_files()
+        row = {"team": self.team, "name": _name(secret.name), "type": secret.type, "created": secret.created,
+               "token": self.cipher.encrypt(secret.model_dump_json(by_alias=True).encode())}
         try:
-            self._write(secret, exclusive=not overwrite)
-        except FileExistsError:
+            with transaction(self.engine) as c:
+                c.execute(upsert(c, secrets, row, ["team", "name"]) if overwrite else insert(secrets).values(**row))
+        except IntegrityError:
             raise SecretExists(f"secret {secret.name!r} exists; remove it first (tessera secret remove "
                                f"{secret.name}) or pass overwrite") from None
         return _info(secret)
-
-    def _write(self, secret: AnySecret, exclusive: bool = False) -> None:
-        record = secret.model_dump_json(by_alias=True).encode()
-        write_private(self._path(secret.name), self.cipher.encrypt(record), exclusive=exclusive)
 
     def create_s3(self, name: str, access_key_id: str, secret_access_key: str, endpoint: str | None = None,
                   region: str | None = None, overwrite: bool = False) -> SecretInfo:
@@ -138,62 +145,45 @@ class SecretStore:
 
     def remove(self, name: str) -> None:
         """Delete a secret; SecretNotFound if it is not there (also when another remover was first)."""
-        self._migrate()
-        try:
-            self._path(name).unlink()
-        except FileNotFoundError:
-            raise SecretNotFound(f"secret {name!r} does not exist") from None
+        self._import_files()
+        with transaction(self.engine) as c:
+            if c.execute(delete(secrets).where(self._key(name))).rowcount == 0:
+                raise SecretNotFound(f"secret {name!r} does not exist")
 
     # --- reading ----------------------------------------------------------------------------------
 
     def get(self, name: str) -> AnySecret:
-        self._migrate()
-        return self._read(name)
+        self._import_files()
+        with reading(self.engine) as c:
+            token = c.execute(select(secrets.c.token).where(self._key(name))).scalar()
+            if token is None:
+                known = ", ".join(c.execute(select(secrets.c.name).where(secrets.c.team == self.team)
+                                            .order_by(secrets.c.name)).scalars()) or "none"
+                raise SecretNotFound(f"secret {name!r} does not exist (known: {known}); create it with "
+                                     f"`tessera secret create ...`")
+        return self._decrypt(name, token)
 
-    def _read(self, name: str) -> AnySecret:
-        path = self._path(name)
+    def _decrypt(self, name: str, token: bytes) -> AnySecret:
         try:
-            token = path.read_bytes()
-        except FileNotFoundError:
-            known = ", ".join(p.name.removesuffix(SUFFIX) for p in sorted(self.root.glob(f"*{SUFFIX}"))) or "none"
-            raise SecretNotFound(f"secret {name!r} does not exist (known: {known}); create it with "
-                                 f"`tessera secret create ...`") from None
-        try:
-            return SECRET.validate_json(self.cipher.decrypt(token, name))
+            return SECRET.validate_json(self.cipher.decrypt(bytes(token), name))
         except ValidationError as exc:
-            raise SecretError(f"secret file {path} is damaged: {exc.errors()[0]['msg']}") from None
+            raise SecretError(f"secret {name!r} is damaged: {exc.errors()[0]['msg']}") from None
 
     def _all(self) -> list[AnySecret]:
-        self._migrate()
-        if not self.root.exists():
-            return []
-        return [self._read(path.name.removesuffix(SUFFIX)) for path in sorted(self.root.glob(f"*{SUFFIX}"))]
+        self._import_files()
+        with reading(self.engine) as c:
+            rows = c.execute(select(secrets.c.name, secrets.c.token).where(secrets.c.team == self.team)
+                             .order_by(secrets.c.name)).all()
+        return [self._decrypt(name, token) for name, token in rows]
 
     def list(self) -> list[SecretInfo]:
         return [_info(secret) for secret in self._all()]
 
-    def _migrate(self) -> None:
-        """Encrypt records an earlier version wrote in the clear (NAME.json, files/NAME/*), then delete
-        them. A record that no longer parses is left where it is, for a person to look at."""
-        if not self.root.exists():
-            return
-        for path in sorted(self.root.glob("*.json")):
-            name = path.stem
-            try:
-                record = json.loads(path.read_bytes())
-                folder = self.root / "files" / name
-                if record.get("type") == "file":
-                    record["content"] = (folder / record["filename"]).read_bytes()
-                secret = parse_secret(record)
-            except (OSError, ValueError, KeyError, AttributeError, SecretError):
-                continue
-            self._write(secret)
-            path.unlink(missing_ok=True)
-            shutil.rmtree(self.root / "files" / name, ignore_errors=True)
-        files = self.root / "files"
-        if files.is_dir() and not any(files.iterdir()):
-            with contextlib.suppress(OSError):   # another process or thread removed it first
-                files.rmdir()
+    def _import_files(self) -> None:
+        """Bring the secret files an older version left in the home into the table (once per store)."""
+        if not self._imported:
+            import_secret_files(self.engine, self.team, self.cipher, self.root)
+            self._imported = True
 
     # --- what runs and people get -----------------------------------------------------------------
 
@@ -235,3 +225,17 @@ def _info(secret: AnySecret) -> SecretInfo:
 
 def secret_json(info: SecretInfo) -> str:
     return json.dumps({"name": info.name, "type": info.type, "created": info.created, "exposes": info.exposes})
+
+
+def claim_secrets_key(engine: Engine, home: Path) -> str:
+    """Check this process's secrets key against the one the store's secrets are encrypted with (by their
+    fingerprints; the first replica records its key's). SecretError, in one line, if they differ: a
+    replica with another key could read none of the secrets, and would store ones no other could read."""
+    cipher = SecretCipher(home)
+    mine = cipher.fingerprint()
+    stored = claim_setting(engine, KEY_FINGERPRINT, mine)
+    if stored != mine:
+        raise SecretError(f"the secrets key ({cipher.source}, fingerprint {mine}) is not the key of this store's "
+                          f"secrets (fingerprint {stored}): give every replica the same key, in "
+                          f"{ENV_SECRET_KEY} or the file named by {ENV_SECRET_KEY_FILE}")
+    return mine

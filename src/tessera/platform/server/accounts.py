@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from sqlalchemy import select
@@ -18,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from tessera.platform.errors import AccountExists, AccountNotFound
 from tessera.platform.secrets.redaction import API_KEY_PREFIX
 from tessera.platform.spec.run_spec import validate_name
+from tessera.platform.store.audit import carrying
 from tessera.platform.store.models import ApiKey, Team, User
 
 KEY_PREFIX = API_KEY_PREFIX   # the masks find keys by it (redaction.py)
@@ -46,14 +49,21 @@ def hash_key(key: str) -> str:
 
 
 class Accounts:
-    """Every change commits before returning; callers never see a session."""
+    """Every change commits before returning, with the audit entry of the API change making it (if any,
+    store/audit.py); callers never see a session."""
 
     def __init__(self, sessions: sessionmaker[Session]) -> None:
         self.sessions = sessions
 
+    @contextmanager
+    def _change(self) -> Iterator[Session]:
+        with carrying() as carry, self.sessions.begin() as s:
+            carry(s.connection())
+            yield s
+
     def create_team(self, name: str) -> str:
         validate_name(name, "team name")
-        with self.sessions.begin() as s:
+        with self._change() as s:
             if s.scalar(select(Team).where(Team.name == name)):
                 raise AccountExists(f"team {name!r} exists")
             s.add(Team(name=name, created=time.time()))
@@ -70,7 +80,7 @@ class Accounts:
             return self._create_user(name, team, admin)
 
     def _create_user(self, name: str, team: str, admin: bool) -> str:
-        with self.sessions.begin() as s:
+        with self._change() as s:
             if s.scalar(select(User).where(User.name == name)):
                 raise AccountExists(f"user {name!r} exists; give them another key with `new-key {name}`")
             row = s.scalar(select(Team).where(Team.name == team))
@@ -83,7 +93,7 @@ class Accounts:
             return _add_key(s, user)
 
     def new_key(self, user: str) -> str:
-        with self.sessions.begin() as s:
+        with self._change() as s:
             row = s.scalar(select(User).where(User.name == user))
             if row is None:
                 raise AccountNotFound(f"user {user!r} does not exist")
@@ -91,7 +101,7 @@ class Accounts:
 
     def revoke_key(self, prefix: str) -> str:
         """Revoke the key that starts with `prefix` (its first 12 characters); returns its user."""
-        with self.sessions.begin() as s:
+        with self._change() as s:
             row = s.scalar(select(ApiKey).where(ApiKey.prefix == prefix[:PREFIX_CHARS]))
             if row is None or len(prefix) < PREFIX_CHARS:
                 raise AccountNotFound(f"no API key starts with {prefix!r} (give its first {PREFIX_CHARS} characters)")

@@ -1,5 +1,5 @@
-"""What every request handler reaches through `request.app.state.server`: settings, accounts, audit log
-and the team platforms, built once by create_app."""
+"""What every request handler reaches through `request.app.state.server`: settings, accounts, audit log,
+the team platforms, and this replica (its id, and its supervision thread), built once by create_app."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from tessera.platform.server.accounts import Accounts
 from tessera.platform.server.audit import AuditLog
 from tessera.platform.server.settings import ServerSettings
 from tessera.platform.server.teams import TeamPlatforms
+from tessera.platform.store.leases import Replica
+from tessera.platform.supervision.replica import ReplicaSupervision
 
 
 @dataclass
@@ -20,3 +22,5 @@ class ServerState:
     accounts: Accounts
     audit: AuditLog
     teams: TeamPlatforms
+    replica: Replica
+    supervision: ReplicaSupervision

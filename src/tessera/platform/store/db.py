@@ -1,60 +1,157 @@
-"""The server database: one SQLAlchemy engine, a session factory, and the migrations run at start.
+"""The store's database: one SQLAlchemy engine per URL, its transactions, and the migrations.
 
-SQLite (the default) gets WAL and a busy timeout, so the API's threads and the admin CLI can write
-beside each other; any other URL (PostgreSQL for a team) is used as SQLAlchemy opens it.
+SQLite (the standalone CLI's `$TESSERA_HOME/store.db`, or a server's default) runs in WAL mode with a busy
+timeout, and a write transaction takes the write lock when it begins (`BEGIN IMMEDIATE`, by `writing`):
+a transaction that first reads and then writes could otherwise fail at once with "database is locked"
+when another writer committed in between, instead of waiting. Reads begin deferred, beside the writer.
+PostgreSQL (a team server with replicas) is used as SQLAlchemy opens it; what must not interleave there
+says so itself (unique constraints, `FOR UPDATE` on lease rows).
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, make_url
-from sqlalchemy.exc import ArgumentError
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, Engine, Table, create_engine, event, make_url, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import ArgumentError, DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.dml import Insert
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 BUSY_TIMEOUT_MS = 30_000
+_engines: dict[str, Engine] = {}
+_migrated: weakref.WeakSet[Engine] = weakref.WeakSet()
+_lock = threading.Lock()
 
 
 def make_engine(db_url: str) -> Engine:
-    """An engine for `db_url`; a malformed URL or a missing driver is a ValueError naming the URL."""
+    """A new engine for `db_url`; a malformed URL or a missing driver is a ValueError naming the URL."""
     try:
         url = make_url(db_url)
         if url.get_backend_name() == "sqlite":
-            engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000})
-            event.listen(engine, "connect", _sqlite_pragmas)
+            engine = create_engine(url, connect_args={"check_same_thread": False,
+                                                      "timeout": BUSY_TIMEOUT_MS / 1000})
+            event.listen(engine, "connect", _sqlite_connect)
+            event.listen(engine, "begin", _sqlite_begin)
             return engine
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=30)
     except (ArgumentError, ImportError) as exc:
         raise ValueError(f"database URL {safe_url(db_url)!r} cannot be used: {exc}") from None
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+def shared_engine(db_url: str) -> Engine:
+    """The engine of `db_url` shared by everything in this process (a Platform is made per call of the
+    SDK, per request of the server: it must not make an engine, and a pool, each time), migrated."""
+    with _lock:
+        engine = _engines.get(db_url)
+        if engine is None:
+            engine = _engines[db_url] = make_engine(db_url)
+    migrate(engine)
+    return engine
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    dbapi_connection.isolation_level = None   # transactions are begun by _sqlite_begin, not the driver
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode = WAL")
     cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.close()
+
+
+def _sqlite_begin(connection: Connection) -> None:
+    immediate = connection.get_execution_options().get("write")
+    connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+
+@contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A write transaction (committed at the end, rolled back on an exception)."""
+    with engine.connect() as connection:
+        connection.execution_options(write=True)
+        with connection.begin():
+            yield connection
+
+
+@contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A read-only transaction: one snapshot for every statement in it."""
+    with engine.connect() as connection, connection.begin():
+        yield connection
+
+
+def _dialect_insert(connection: Connection, table: Table, values: dict[str, Any]) -> Any:
+    dialect = postgresql if connection.dialect.name == "postgresql" else sqlite
+    return dialect.insert(table).values(**values)
+
+
+def upsert(connection: Connection, table: Table, values: dict[str, Any], keys: list[str]) -> Insert:
+    """INSERT of `values`, or UPDATE of the row with the same `keys` (one statement: no window between
+    a delete and an insert for another writer to fall into)."""
+    statement = _dialect_insert(connection, table, values)
+    return statement.on_conflict_do_update(index_elements=keys,
+                                           set_={k: v for k, v in values.items() if k not in keys})
+
+
+def insert_or_ignore(connection: Connection, table: Table, values: dict[str, Any], keys: list[str]) -> bool:
+    """INSERT of `values` unless a row with the same `keys` exists; True if it was inserted."""
+    statement = _dialect_insert(connection, table, values).on_conflict_do_nothing(index_elements=keys)
+    return connection.execute(statement).rowcount > 0
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+def head() -> str:
+    head_revision = ScriptDirectory(str(MIGRATIONS)).get_current_head()
+    assert head_revision is not None
+    return head_revision
+
+
+def _current(engine: Engine) -> str | None:
+    try:
+        with engine.connect() as connection:
+            return connection.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except DBAPIError:   # no alembic_version table yet: a new database
+        return None
+
+
 def migrate(db_url: str | Engine) -> None:
-    """Bring the schema to the newest migration (creates every table on a fresh database). Needs no
-    alembic.ini: the script folder is found next to this file, so it works from an installed package."""
+    """Bring the schema to the newest migration (creates every table on a fresh database), once per engine
+    in a process. Needs no alembic.ini: the script folder is found next to this file, so it works from
+    an installed package. Replicas starting at once upgrade one at a time: the upgrade runs in a write
+    transaction (SQLite) or under an advisory lock (PostgreSQL), and looks at the version again inside it."""
     engine = db_url if isinstance(db_url, Engine) else make_engine(db_url)
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
-    if not isinstance(db_url, Engine):
+    if engine in _migrated:
+        return
+    target = head()
+    if _current(engine) != target:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        with writing(engine) as connection:
+            if connection.dialect.name == "postgresql":
+                connection.execute(text("SELECT pg_advisory_xact_lock(2323)"))   # released at commit
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+    if isinstance(db_url, Engine):
+        _migrated.add(engine)
+    else:
         engine.dispose()
+
+
+def sqlite_url(path: Path) -> str:
+    return f"sqlite:///{path}"
 
 
 def safe_url(db_url: str) -> str:

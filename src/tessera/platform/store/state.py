@@ -1,17 +1,19 @@
-"""The control plane's state: one SQLite file (`$TESSERA_HOME/state.db`) in WAL mode.
+"""The platform's state as one team sees it: `StateDB(engine, team)`, a view over the one store.
 
-A CLI, the SDK and the supervisor each open their own connection; WAL lets readers run beside the one
-writer, writes take the write lock up front (`BEGIN IMMEDIATE`) and wait up to 30 s for it. Tables:
-clusters, runs, resumptions (every start of a run), events, node_faults (per cluster) and supervisor.
-`PRAGMA user_version` is the schema's version; opening an older file migrates it in place (state_schema.py).
-Secret values are never written here: specs name secrets, and every text that came from a run's logs
-is redacted before it is stored.
+Every query is scoped to the team; every write is one transaction of the store (audit.transaction), so
+the audit entry of the change being made, if any, commits with it. Uniqueness (a run's name, a
+cluster's name per team) is the database's: a racing loser gets the platform's error (RunExists,
+ClusterError), never a driver's. A view made for a supervisor carries its `fence` (leases.py): each of
+its writes about a run first checks that the supervisor still holds the run's lease, and is refused
+(StaleLease) once another replica has taken it over. Secret values are never written here: specs name
+secrets, and every text that came from a run's logs is redacted before it is stored.
+
+The standalone CLI's view is `StateDB.local(home)`: team "local" in `$TESSERA_HOME/store.db` (homes.py).
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,95 +21,72 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+
 from tessera.platform.errors import ClusterError, RunExists
-from tessera.platform.home import tessera_home
-from tessera.platform.store.state_schema import (
-    LIST_INDEXES,
-    MIGRATIONS,
-    SCHEMA,
-    SCHEMA_VERSION,
+from tessera.platform.store.audit import transaction
+from tessera.platform.store.db import reading
+from tessera.platform.store.homes import LOCAL_TEAM, home_engine
+from tessera.platform.store.leases import Fence
+from tessera.platform.store.models import clusters, events, node_faults, resumptions, runs
+from tessera.platform.store.paging import Page, check_limit, decode_cursor, encode_cursor
+from tessera.platform.store.records import (
+    ACTIVE,
+    ALL_STATUSES,
+    COMPLETED,
+    FAILED,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    SUBMITTING,
+    TERMINAL,
     ClusterRecord,
     EventRecord,
     ResumptionRecord,
     RunRecord,
+    columns,
     encode,
     from_row,
 )
 
-# Lifecycle. STOPPING is the short stretch between a stop/move request and the processes' exit.
-PENDING, QUEUED, STARTING, RUNNING, STOPPING = "PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"
-COMPLETED, FAILED, STOPPED = "COMPLETED", "FAILED", "STOPPED"
-ACTIVE = (PENDING, QUEUED, STARTING, RUNNING, STOPPING)
-TERMINAL = (COMPLETED, FAILED, STOPPED)
-ALL_STATUSES = ACTIVE + TERMINAL
-# A resumption's status while the supervisor submits it: the row is written before the job exists, so a
-# supervisor that dies between submitting and recording the job id finds the job again (submission.py).
-SUBMITTING = "SUBMITTING"
+__all__ = ["ACTIVE", "ALL_STATUSES", "COMPLETED", "FAILED", "PENDING", "QUEUED", "RUNNING", "STARTING",
+           "STOPPED", "STOPPING", "SUBMITTING", "TERMINAL", "ClusterRecord", "EventRecord", "ResumptionRecord",
+           "RunRecord", "StateDB", "new_run_id"]
 
 
 def new_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
-_CHUNK = 500   # run ids per IN (...) query: old SQLite builds allow only 999 bound variables
+_CHUNK = 500   # run ids per IN (...) query
 
 
-def _run_filter(statuses: tuple[str, ...] | None, cluster: str | None, user: str | None,
-                q: str | None) -> tuple[str, list[Any]]:
-    """The WHERE clause (with its arguments) shared by `list_runs` and `count_runs`."""
-    parts: list[str] = []
-    args: list[Any] = []
-    if statuses:
-        parts.append(f"status IN ({', '.join('?' * len(statuses))})")
-        args += list(statuses)
-    if cluster:
-        parts.append("cluster = ?")
-        args.append(cluster)
-    if user:
-        parts.append("user = ?")
-        args.append(user)
-    if q:
-        parts.append("instr(name, ?) > 0")   # run names are lower case, so the search is too
-        args.append(q.lower())
-    return (" WHERE " + " AND ".join(parts)) if parts else "", args
+def _name_taken(exc: IntegrityError, table: str) -> bool:
+    """Whether the refusal is the unique (team, name) of `table` (SQLite and PostgreSQL word it apart)."""
+    text = str(exc.orig)
+    return f"{table}.team, {table}.name" in text or f"uq_{table}_team_name" in text or f"{table}_pkey" in text
 
 
 class StateDB:
-    """One connection to the state database; cheap to create, not shared across threads."""
+    """One team's state; holds no connection (each call takes one from the engine's pool), so it may be
+    made per request and shared by threads."""
 
-    def __init__(self, home: str | Path | None = None) -> None:
-        self.home = tessera_home(home)
-        self.path = self.home / "state.db"
-        fresh = not self.path.exists()
-        self.conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
-        self.conn.row_factory = sqlite3.Row
-        if fresh:
-            self.path.chmod(0o600)
-        self.conn.execute("PRAGMA busy_timeout = 30000")
-        self.conn.execute("PRAGMA journal_mode = WAL")
-        self.conn.execute("PRAGMA synchronous = NORMAL")
-        self.conn.execute("PRAGMA foreign_keys = ON")
-        if self.conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
-            with self.write():
-                self._statements(SCHEMA)
-                self._migrate()
-                self._statements(LIST_INDEXES)
-                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    def __init__(self, engine: Engine, team: str, *, fence: Fence | None = None) -> None:
+        self.engine = engine
+        self.team = team
+        self.fence = fence
 
-    def _statements(self, script: str) -> None:
-        """Each statement of `script` inside the caller's transaction (executescript would commit it)."""
-        for statement in filter(str.strip, script.split(";")):
-            self.conn.execute(statement)
-
-    def _migrate(self) -> None:
-        """Add the columns an older file lacks (inside the write lock, so two openers add them once)."""
-        for table, column, type_ in MIGRATIONS:
-            have = {row["name"] for row in self.conn.execute(f"PRAGMA table_info({table})")}
-            if column not in have:
-                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {type_}")
+    @classmethod
+    def local(cls, home: str | Path | None = None) -> StateDB:
+        """The standalone CLI's state: team "local" of `$TESSERA_HOME/store.db`."""
+        return cls(home_engine(home), LOCAL_TEAM)
 
     def close(self) -> None:
-        self.conn.close()
+        """Nothing to close (the engine is shared); kept so callers may use a view as a context manager."""
 
     def __enter__(self) -> StateDB:
         return self
@@ -116,38 +95,42 @@ class StateDB:
         self.close()
 
     @contextmanager
-    def write(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction that takes the lock at once, so two writers never deadlock."""
-        self.conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.conn
-        except BaseException:
-            self.conn.execute("ROLLBACK")
-            raise
-        self.conn.execute("COMMIT")
+    def write(self, run_id: str | None = None) -> Iterator[Connection]:
+        """A write transaction; with a fence, refused unless the lease of `run_id` is still ours."""
+        with transaction(self.engine) as c:
+            if self.fence is not None and run_id is not None:
+                self.fence.check(c, run_id)
+            yield c
+
+    def _read(self, query: Any) -> list[Any]:
+        with reading(self.engine) as c:
+            return list(c.execute(query).mappings())
 
     # --- clusters ---------------------------------------------------------------------------------
 
     def add_cluster(self, name: str, type_: str, config: dict[str, Any], replace: bool = False) -> None:
         """ClusterError if the name is taken and not `replace`d (the unique name decides a race)."""
-        verb = "INSERT OR REPLACE" if replace else "INSERT"
+        row = {"team": self.team, "name": name, "type": type_, "config": json.dumps(config), "created": time.time()}
         try:
             with self.write() as c:
-                c.execute(f"{verb} INTO clusters (name, type, config, created) VALUES (?, ?, ?, ?)",
-                          (name, type_, json.dumps(config), time.time()))
-        except sqlite3.IntegrityError:
+                if replace:
+                    c.execute(delete(clusters).where(clusters.c.team == self.team, clusters.c.name == name))
+                c.execute(insert(clusters).values(**row))
+        except IntegrityError:
             raise ClusterError(f"cluster {name!r} exists; remove it first (tessera cluster remove {name})") from None
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
-        row = self.conn.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
-        return from_row(ClusterRecord, row) if row else None
+        rows = self._read(select(clusters).where(clusters.c.team == self.team, clusters.c.name == name))
+        return from_row(ClusterRecord, rows[0]) if rows else None
 
     def list_clusters(self) -> list[ClusterRecord]:
-        return [from_row(ClusterRecord, r) for r in self.conn.execute("SELECT * FROM clusters ORDER BY name")]
+        rows = self._read(select(clusters).where(clusters.c.team == self.team).order_by(clusters.c.name))
+        return [from_row(ClusterRecord, r) for r in rows]
 
     def remove_cluster(self, name: str) -> bool:
         with self.write() as c:
-            return c.execute("DELETE FROM clusters WHERE name = ?", (name,)).rowcount > 0
+            done = c.execute(delete(clusters).where(clusters.c.team == self.team, clusters.c.name == name))
+            return done.rowcount > 0
 
     # --- runs -------------------------------------------------------------------------------------
 
@@ -156,63 +139,98 @@ class StateDB:
         """Claim the run's name, then write its folder (`publish`) and its 'created' `event`, in one
         transaction.
 
-        The INSERT comes first, under the write lock (BEGIN IMMEDIATE): the unique name decides between
-        racing submissions before any of them touches a file, and a loser raises RunExists having written
-        nothing. `publish` runs while no other writer can claim the name, so the folder it writes is the
-        winner's alone. If it fails, or the process is killed before COMMIT, the claim is rolled back and
-        the half-written folder belongs to no run (the next claimant of the name clears it)."""
-        data = {k: encode(v, k) for k, v in run.__dict__.items()}
+        The INSERT comes first: the unique (team, name) decides between racing submissions before any of
+        them touches a file (a second insert of the name waits for the first's transaction, then fails),
+        and a loser raises RunExists having written nothing. If `publish` fails, or the process is
+        killed before COMMIT, the claim is rolled back and the half-written folder belongs to no run (the
+        next claimant of the name clears it)."""
         try:
             with self.write() as c:
-                c.execute(f"INSERT INTO runs ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
-                          tuple(data.values()))
+                c.execute(insert(runs).values(team=self.team, **columns(run)))
                 if event:
-                    c.execute("INSERT INTO events (run_id, time, kind, message) VALUES (?, ?, 'created', ?)",
-                              (run.id, run.created, event))
+                    c.execute(insert(events).values(run_id=run.id, team=self.team, time=run.created,
+                                                    kind="created", message=event))
                 if publish:
                     publish()
-        except sqlite3.IntegrityError as exc:   # another submission took the name since it was checked
-            if "runs.name" not in str(exc):
+        except IntegrityError as exc:   # another submission took the name since it was checked
+            if not _name_taken(exc, "runs"):
                 raise
             raise RunExists(f"a run named {run.name!r} exists; choose another name") from None
 
     def get_run(self, name_or_id: str) -> RunRecord | None:
-        row = self.conn.execute("SELECT * FROM runs WHERE name = ? OR id = ? ORDER BY name = ? DESC LIMIT 1",
-                                (name_or_id, name_or_id, name_or_id)).fetchone()
-        return from_row(RunRecord, row) if row else None
+        query = (select(runs).where(runs.c.team == self.team, (runs.c.name == name_or_id) | (runs.c.id == name_or_id))
+                 .order_by((runs.c.name == name_or_id).desc()).limit(1))
+        rows = self._read(query)
+        return from_row(RunRecord, rows[0]) if rows else None
+
+    def get_runs(self, run_ids: list[str]) -> list[RunRecord]:
+        """The team's runs of these ids (those that still exist), oldest first."""
+        found: list[RunRecord] = []
+        for start in range(0, len(run_ids), _CHUNK):
+            query = select(runs).where(runs.c.team == self.team, runs.c.id.in_(run_ids[start:start + _CHUNK]))
+            found += [from_row(RunRecord, r) for r in self._read(query)]
+        return sorted(found, key=lambda r: (r.created, r.id))
+
+    def _filter(self, query: Any, statuses: tuple[str, ...] | None, cluster: str | None, user: str | None,
+                q: str | None) -> Any:
+        """The team's runs filtered as `list_runs`, `page_runs` and `count_runs` filter them."""
+        query = query.where(runs.c.team == self.team)
+        if statuses:
+            query = query.where(runs.c.status.in_(statuses))
+        if cluster:
+            query = query.where(runs.c.cluster == cluster)
+        if user:
+            query = query.where(runs.c.user == user)
+        if q:   # run names are lower case, so the search is too
+            query = query.where(runs.c.name.contains(q.lower(), autoescape=True))
+        return query
 
     def list_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None,
                   limit: int | None = None, *, user: str | None = None, offset: int = 0,
                   q: str | None = None) -> list[RunRecord]:
         """Runs newest first; `q` keeps the names containing it."""
-        where, args = _run_filter(statuses, cluster, user, q)
-        sql = f"SELECT * FROM runs{where} ORDER BY created DESC, rowid DESC"
-        if limit or offset:
-            sql += " LIMIT ? OFFSET ?"
-            args += [int(limit) if limit else -1, int(offset)]
-        return [from_row(RunRecord, r) for r in self.conn.execute(sql, args)]
+        query = self._filter(select(runs), statuses, cluster, user, q).order_by(runs.c.created.desc(), runs.c.id.desc())
+        if limit:
+            query = query.limit(int(limit))
+        if offset:
+            query = query.offset(int(offset))
+        return [from_row(RunRecord, r) for r in self._read(query)]
+
+    def page_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
+                  user: str | None = None, q: str | None = None, cursor: str | None = None,
+                  limit: int = 50) -> Page[RunRecord]:
+        """(a page of runs newest first, filtered as `list_runs`; the cursor of the next page or None).
+        The cursor is the last run's (created, id): a page never shifts when runs are submitted meanwhile."""
+        query = self._filter(select(runs), statuses, cluster, user, q)
+        if cursor:
+            created, run_id = decode_cursor(cursor, (float, str))
+            query = query.where((runs.c.created < created) | ((runs.c.created == created) & (runs.c.id < run_id)))
+        query = query.order_by(runs.c.created.desc(), runs.c.id.desc()).limit(check_limit(limit) + 1)
+        records = [from_row(RunRecord, r) for r in self._read(query)]
+        more = len(records) > limit
+        records = records[:limit]
+        return records, encode_cursor(records[-1].created, records[-1].id) if more else None
 
     def count_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
                    user: str | None = None, q: str | None = None) -> int:
-        where, args = _run_filter(statuses, cluster, user, q)
-        return int(self.conn.execute(f"SELECT COUNT(*) FROM runs{where}", args).fetchone()[0])
+        rows = self._read(self._filter(select(func.count().label("n")).select_from(runs), statuses, cluster, user, q))
+        return int(rows[0]["n"])
 
     def delete_run(self, run_id: str, *, unpublish: Callable[[], None] | None = None) -> bool:
-        """Forget a run; its resumptions and events go with it (ON DELETE CASCADE). `unpublish` (moving
-        the run's folder out of the way) runs inside the transaction: once the name is free again, a new
-        run of that name may write its folder, which a late removal of the old one must not reach."""
+        """Forget a run; its resumptions, events, metrics and lease go with it (ON DELETE CASCADE).
+        `unpublish` (moving the run's folder out of the way) runs inside the transaction: once the name is
+        free again, a new run of that name may write its folder, which a late removal must not reach."""
         with self.write() as c:
-            deleted = c.execute("DELETE FROM runs WHERE id = ?", (run_id,)).rowcount > 0
+            deleted = c.execute(delete(runs).where(runs.c.team == self.team, runs.c.id == run_id)).rowcount > 0
             if deleted and unpublish:
                 unpublish()
             return deleted
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         fields.setdefault("updated", time.time())
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        with self.write() as c:
-            c.execute(f"UPDATE runs SET {sets} WHERE id = ?",
-                      (*(encode(v, k) for k, v in fields.items()), run_id))
+        with self.write(run_id) as c:
+            c.execute(update(runs).where(runs.c.team == self.team, runs.c.id == run_id)
+                      .values(**{k: encode(v, k) for k, v in fields.items()}))
 
     def edit_spec(self, run_id: str, edit: Callable[[dict[str, Any]], dict[str, Any] | None],
                   publish: Callable[[dict[str, Any]], None]) -> bool:
@@ -221,11 +239,12 @@ class StateDB:
         one before stored, so none is lost, and the published spec is the stored one. False if the run
         is gone or nothing changed."""
         with self.write() as c:
-            row = c.execute("SELECT spec FROM runs WHERE id = ?", (run_id,)).fetchone()
-            spec = edit(json.loads(row[0])) if row else None
+            query = select(runs.c.spec).where(runs.c.team == self.team, runs.c.id == run_id).with_for_update()
+            stored = c.execute(query).scalar()
+            spec = edit(json.loads(stored)) if stored is not None else None
             if spec is None:
                 return False
-            c.execute("UPDATE runs SET spec = ?, updated = ? WHERE id = ?", (json.dumps(spec), time.time(), run_id))
+            c.execute(update(runs).where(runs.c.id == run_id).values(spec=json.dumps(spec), updated=time.time()))
             publish(spec)
             return True
 
@@ -236,44 +255,41 @@ class StateDB:
     # --- resumptions ------------------------------------------------------------------------------
 
     def add_resumption(self, res: ResumptionRecord) -> None:
-        data = {k: encode(v, k) for k, v in res.__dict__.items()}
-        with self.write() as c:
-            c.execute(f"INSERT INTO resumptions ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
-                      tuple(data.values()))
+        with self.write(res.run_id) as c:
+            c.execute(insert(resumptions).values(**columns(res)))
 
     def update_resumption(self, run_id: str, idx: int, **fields: Any) -> None:
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        with self.write() as c:
-            c.execute(f"UPDATE resumptions SET {sets} WHERE run_id = ? AND idx = ?",
-                      (*(encode(v, k) for k, v in fields.items()), run_id, idx))
+        with self.write(run_id) as c:
+            c.execute(update(resumptions).where(resumptions.c.run_id == run_id, resumptions.c.idx == idx)
+                      .values(**{k: encode(v, k) for k, v in fields.items()}))
 
     def record_submission(self, run_id: str, idx: int, handle: dict[str, Any]) -> None:
         """The job of a SUBMITTING resumption exists: store its handle and queue the run, in one
         transaction (a crash between the two would leave a PENDING run whose job nobody watches)."""
-        with self.write() as c:
-            c.execute("UPDATE resumptions SET status = ?, job_id = ?, handle = ?, nodes = ? WHERE run_id = ? "
-                      "AND idx = ?", (QUEUED, str(handle.get("job_id")), json.dumps(handle),
-                                      json.dumps(list(handle.get("nodes") or [])), run_id, idx))
-            c.execute("UPDATE runs SET status = ?, next_cause = NULL, not_before = NULL, updated = ? WHERE id = ?",
-                      (QUEUED, time.time(), run_id))
+        with self.write(run_id) as c:
+            c.execute(update(resumptions).where(resumptions.c.run_id == run_id, resumptions.c.idx == idx).values(
+                status=QUEUED, job_id=str(handle.get("job_id")), handle=json.dumps(handle),
+                nodes=json.dumps(list(handle.get("nodes") or []))))
+            c.execute(update(runs).where(runs.c.id == run_id).values(status=QUEUED, next_cause=None, not_before=None,
+                                                                     updated=time.time()))
 
     def delete_resumption(self, run_id: str, idx: int) -> None:
         """Forget a SUBMITTING resumption whose job was never created."""
-        with self.write() as c:
-            c.execute("DELETE FROM resumptions WHERE run_id = ? AND idx = ?", (run_id, idx))
+        with self.write(run_id) as c:
+            c.execute(delete(resumptions).where(resumptions.c.run_id == run_id, resumptions.c.idx == idx))
 
     def resumptions(self, run_id: str) -> list[ResumptionRecord]:
-        rows = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx", (run_id,))
+        rows = self._read(select(resumptions).where(resumptions.c.run_id == run_id).order_by(resumptions.c.idx))
         return [from_row(ResumptionRecord, r) for r in rows]
 
     def resumptions_of(self, run_ids: list[str]) -> dict[str, list[ResumptionRecord]]:
         """The resumptions of many runs in a few queries (a page of `run list`, not one query per run)."""
-        return self._records_of(ResumptionRecord, "resumptions", run_ids, "run_id, idx")
+        return self._records_of(ResumptionRecord, resumptions, run_ids, resumptions.c.idx)
 
     def current_resumption(self, run_id: str) -> ResumptionRecord | None:
-        row = self.conn.execute("SELECT * FROM resumptions WHERE run_id = ? ORDER BY idx DESC LIMIT 1",
-                                (run_id,)).fetchone()
-        return from_row(ResumptionRecord, row) if row else None
+        rows = self._read(select(resumptions).where(resumptions.c.run_id == run_id)
+                          .order_by(resumptions.c.idx.desc()).limit(1))
+        return from_row(ResumptionRecord, rows[0]) if rows else None
 
     # --- events -----------------------------------------------------------------------------------
 
@@ -281,27 +297,46 @@ class StateDB:
                   at: float | None = None) -> None:
         """Record an event; dropped if the run was deleted meanwhile (a supervisor pass that just ended
         it may still write one, and a foreign-key error there would stop the supervisor)."""
-        with self.write() as c:
-            c.execute("INSERT INTO events (run_id, time, kind, message, data) SELECT ?, ?, ?, ?, ? "
-                      "WHERE EXISTS (SELECT 1 FROM runs WHERE id = ?)",
-                      (run_id, at or time.time(), kind, message, json.dumps(data) if data else None, run_id))
+        row = {"run_id": run_id, "team": self.team, "time": at or time.time(), "kind": kind, "message": message,
+               "data": json.dumps(data) if data else None}
+        try:
+            with self.write(run_id) as c:
+                if c.execute(select(runs.c.id).where(runs.c.team == self.team, runs.c.id == run_id)).first():
+                    c.execute(insert(events).values(**row))
+        except IntegrityError:   # deleted between the check and the insert (PostgreSQL)
+            pass
 
     def events(self, run_id: str, after_id: int = 0) -> list[EventRecord]:
-        rows = self.conn.execute("SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id",
-                                 (run_id, after_id))
+        rows = self._read(select(events).where(events.c.run_id == run_id, events.c.id > after_id).order_by(events.c.id))
         return [from_row(EventRecord, r) for r in rows]
 
     def events_of(self, run_ids: list[str]) -> dict[str, list[EventRecord]]:
         """The events of many runs in a few queries (see `resumptions_of`)."""
-        return self._records_of(EventRecord, "events", run_ids, "run_id, id")
+        return self._records_of(EventRecord, events, run_ids, events.c.id)
 
-    def _records_of(self, cls: type, table: str, run_ids: list[str], order: str) -> dict[str, list[Any]]:
-        """run id -> its rows of `table`, queried in chunks under SQLite's limit on bound variables."""
+    def page_events(self, run_id: str | None = None, kind: str | None = None, *, cursor: str | None = None,
+                    limit: int = 50) -> Page[EventRecord]:
+        """(the team's events, or one run's, oldest first, optionally of one kind; the next page's cursor)."""
+        query = select(events).where(events.c.team == self.team)
+        if run_id is not None:
+            query = query.where(events.c.run_id == run_id)
+        if kind is not None:
+            query = query.where(events.c.kind == kind)
+        if cursor:
+            (last,) = decode_cursor(cursor, (int,))
+            query = query.where(events.c.id > last)
+        records = [from_row(EventRecord, r) for r in
+                   self._read(query.order_by(events.c.id).limit(check_limit(limit) + 1))]
+        more = len(records) > limit
+        records = records[:limit]
+        return records, encode_cursor(records[-1].id) if more else None
+
+    def _records_of(self, cls: type, table: Any, run_ids: list[str], order: Any) -> dict[str, list[Any]]:
+        """run id -> its rows of `table`, queried in chunks of run ids."""
         out: dict[str, list[Any]] = {i: [] for i in run_ids}
         for start in range(0, len(run_ids), _CHUNK):
             chunk = run_ids[start:start + _CHUNK]
-            for row in self.conn.execute(f"SELECT * FROM {table} WHERE run_id IN ({', '.join('?' * len(chunk))}) "
-                                         f"ORDER BY {order}", chunk):
+            for row in self._read(select(table).where(table.c.run_id.in_(chunk)).order_by(table.c.run_id, order)):
                 out[row["run_id"]].append(from_row(cls, row))
         return out
 
@@ -311,32 +346,34 @@ class StateDB:
                           hard: bool = False) -> tuple[int, bool]:
         """Count a failure implicating `node`; it is excluded at `exclude_after` faults, or at once when
         the scheduler itself reported the node failed (`hard`). Returns (faults, excluded)."""
+        try:
+            return self._node_fault(cluster, node, reason, exclude_after, hard)
+        except IntegrityError:   # another supervisor counted this node's first fault at the same moment
+            return self._node_fault(cluster, node, reason, exclude_after, hard)
+
+    def _node_fault(self, cluster: str, node: str, reason: str, exclude_after: int, hard: bool) -> tuple[int, bool]:
+        key = (node_faults.c.team == self.team, node_faults.c.cluster == cluster, node_faults.c.node == node)
         with self.write() as c:
-            row = c.execute("SELECT faults FROM node_faults WHERE cluster = ? AND node = ?",
-                            (cluster, node)).fetchone()
-            faults = (row[0] if row else 0) + 1
+            before = c.execute(select(node_faults.c.faults).where(*key).with_for_update()).scalar()
+            faults = (before or 0) + 1
             excluded = hard or faults >= exclude_after
-            c.execute("INSERT OR REPLACE INTO node_faults VALUES (?, ?, ?, ?, ?, ?)",
-                      (cluster, node, faults, int(excluded), reason, time.time()))
+            values = {"faults": faults, "excluded": int(excluded), "reason": reason, "updated": time.time()}
+            if before is None:
+                c.execute(insert(node_faults).values(team=self.team, cluster=cluster, node=node, **values))
+            else:
+                c.execute(update(node_faults).where(*key).values(**values))
         return faults, excluded
 
     def node_faults(self, cluster: str) -> list[dict[str, Any]]:
-        rows = self.conn.execute("SELECT * FROM node_faults WHERE cluster = ? ORDER BY node", (cluster,))
-        return [dict(r) for r in rows]
+        rows = self._read(select(node_faults).where(node_faults.c.team == self.team, node_faults.c.cluster == cluster)
+                          .order_by(node_faults.c.node))
+        return [{k: v for k, v in r.items() if k != "team"} for r in rows]
 
     def excluded_nodes(self, cluster: str) -> list[str]:
-        rows = self.conn.execute("SELECT node FROM node_faults WHERE cluster = ? AND excluded = 1 ORDER BY node",
-                                 (cluster,))
-        return [r[0] for r in rows]
+        return [r["node"] for r in self.node_faults(cluster) if r["excluded"]]
 
     def clear_node(self, cluster: str, node: str) -> bool:
         with self.write() as c:
-            return c.execute("DELETE FROM node_faults WHERE cluster = ? AND node = ?",
-                             (cluster, node)).rowcount > 0
-
-    # --- supervisor -------------------------------------------------------------------------------
-
-    def supervisor_beat(self, pid: int, started: float) -> None:
-        with self.write() as c:
-            c.execute("INSERT OR REPLACE INTO supervisor (id, pid, started, beat) VALUES (1, ?, ?, ?)",
-                      (pid, started, time.time()))
+            done = c.execute(delete(node_faults).where(node_faults.c.team == self.team,
+                                                       node_faults.c.cluster == cluster, node_faults.c.node == node))
+            return done.rowcount > 0

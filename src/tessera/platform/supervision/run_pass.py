@@ -58,6 +58,7 @@ def step(ctx: SupervisorContext, run: RunRecord) -> None:
         changes["nodes"] = status.nodes
     folder = Path(res.folder)
     _read_progress(ctx, run, res, folder, changes, now)
+    ship_output(ctx, run, res, final=status.state.done)   # all of it before the end is recorded
 
     if not status.state.done:
         _while_running(ctx, run, res, spec, backend, handle, status.state, folder, changes, now)
@@ -67,6 +68,15 @@ def step(ctx: SupervisorContext, run: RunRecord) -> None:
         res = ctx.db.current_resumption(run.id)
         assert res is not None
     _job_ended(ctx, run, res, spec, backend, handle, status, now)
+
+
+def ship_output(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, final: bool) -> None:
+    """Ship what the resumption's processes wrote to its local folder since the last pass to the artifacts
+    store, where every replica reads it (runs/shipping.py); `final`: they have ended, ship it all."""
+    spec = RunSpec.model_validate(run.spec)
+    backend, folder = ctx.backend(res.cluster), Path(res.folder)
+    logs = [backend.log_path(folder, node) for node in range(spec.compute.nodes)]
+    ctx.shipper.ship_resumption(ctx.artifacts, run.id, res.idx, folder, logs, ctx.secrets.redactor, final)
 
 
 def _read_progress(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, folder: Path,

@@ -17,9 +17,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tessera.platform.clusters import LaunchRequest
+from tessera.platform.clusters import ClusterBackend, LaunchRequest
 from tessera.platform.errors import ClusterError, PlatformError
+from tessera.platform.runs.folder import local_run_folder
+from tessera.platform.runs.metrics import METRICS_FILE
 from tessera.platform.spec.run_spec import RunSpec
+from tessera.platform.store.leases import boot_id
 from tessera.platform.store.state import FAILED, STOPPED, SUBMITTING, ResumptionRecord, RunRecord
 from tessera.platform.supervision.context import SupervisorContext
 from tessera.platform.supervision.integrations import node_postmortem, node_prelude, node_workdir
@@ -49,7 +52,8 @@ def start_resumption(ctx: SupervisorContext, run: RunRecord, res: ResumptionReco
     spec = RunSpec.model_validate(run.spec)
     idx = 0 if res is None else res.idx + 1
     cause = run.next_cause or ("submitted" if idx == 0 else "resumed")
-    folder = Path(run.folder) / f"r{idx}"
+    local = local_run_folder(ctx.home, run.folder, run.id)   # on this replica's host
+    folder = local / f"r{idx}"
     try:
         backend = ctx.backend(run.cluster)
         backend.check(spec)
@@ -61,6 +65,7 @@ def start_resumption(ctx: SupervisorContext, run: RunRecord, res: ResumptionReco
     if problem:
         ctx.finish(run, FAILED, f"cannot start on {run.cluster}: {problem}", kind="insufficient_nodes")
         return
+    ctx.artifacts.fetch_run_files(run.id, local)   # parameters.yaml, where another replica took the run
     folder.mkdir(parents=True, exist_ok=True)
     # The intent first: if this process dies after sbatch succeeded but before the job id is stored,
     # the next supervisor finds the job by this row (`_adopt`) instead of orphaning it.
@@ -77,7 +82,7 @@ def start_resumption(ctx: SupervisorContext, run: RunRecord, res: ResumptionReco
             retry_submission(ctx, run, spec, exc)
             return
         handle = found
-    ctx.db.record_submission(run.id, idx, handle)
+    ctx.db.record_submission(run.id, idx, stamped(backend, handle))
     excluded = f", excluding {', '.join(request.exclude)}" if request.exclude else ""
     ctx.db.add_event(run.id, "submitted", f"resumption {idx} submitted to {run.cluster} as job "
                      f"{handle.get('job_id')} ({cause}{excluded})")
@@ -97,10 +102,16 @@ def _adopt(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord) -> boo
         ctx.db.delete_resumption(run.id, res.idx)
         ctx.db.add_event(run.id, "reconciled", f"{was}, and no job was created: submitting it again")
         return False
-    ctx.db.record_submission(run.id, res.idx, handle)
+    ctx.db.record_submission(run.id, res.idx, stamped(backend, handle))
     ctx.db.add_event(run.id, "reconciled", f"{was}: found it as job {handle.get('job_id')} and adopted it")
     ctx.log(f"run {run.name}: adopted job {handle.get('job_id')} of resumption {res.idx}")
     return True
+
+
+def stamped(backend: ClusterBackend, handle: dict[str, Any]) -> dict[str, Any]:
+    """A local job's handle names the boot it runs in: after a reboot its pid names another process, and
+    a replica that takes the run over must not take that one for it (takeover.py)."""
+    return {**handle, "boot_id": boot_id()} if backend.type == "local" else handle
 
 
 def _launch_request(ctx: SupervisorContext, run: RunRecord, spec: RunSpec, idx: int, folder: Path,
@@ -123,8 +134,8 @@ def _run_env(run: RunRecord, spec: RunSpec, idx: int, folder: Path) -> dict[str,
     path = os.environ.get("PATH", "")
     env = {**spec.env, "RUN_NAME": run.name, "TESSERA_RUN_ID": run.id, "TESSERA_RESUMPTION": str(idx),
            "TESSERA_HEARTBEAT": str(folder / "heartbeat.json"),
-           "TESSERA_PARAMETERS": str(Path(run.folder) / "parameters.yaml"),
-           "TESSERA_METRICS": str(Path(run.folder) / "metrics.jsonl"),
+           "TESSERA_PARAMETERS": str(folder.parent / "parameters.yaml"),
+           "TESSERA_METRICS": str(folder / METRICS_FILE),   # per resumption: shipped in turn to the run's
            # the run finds `tessera` and `python` of the environment that submitted it
            "PATH": path if bin_dir in path.split(os.pathsep) else f"{bin_dir}{os.pathsep}{path}"}
     if spec.scheduling.hang_timeout:

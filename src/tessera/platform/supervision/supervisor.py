@@ -1,13 +1,14 @@
-"""The supervisor process: one long-running process per TESSERA_HOME that keeps runs alive.
+"""The standalone supervisor: one long-running process per TESSERA_HOME that keeps its runs alive.
 
 It is started detached (its own session) by the CLI or SDK when a run needs watching, holds
 `supervisor.lock` (flock) so only one runs, writes its pid to `supervisor.pid` (for `stop_supervisor`),
-and keeps nothing in memory that matters: every pass reads the active runs from SQLite and advances
-each one (`run_pass.step`: start it, watch it, end it, retry it). Killed and restarted, it picks up
-where it was. It exits after `idle_exit` seconds with nothing to watch.
+and keeps nothing in memory that matters: every pass reads the active runs from the home's store and
+advances each one (leased.py: under leases, as a server replica does; its replica id is the home's, so a
+supervisor started again after a crash holds the leases of the one before at once). Killed and
+restarted, it picks up where it was. It exits after `idle_exit` seconds with nothing to watch.
 
 This module owns the process: the lock, the pid file, the loop and starting or stopping it. What a pass
-does to a run is in run_pass.py, submission.py and retries.py; what they share, in supervisor_context.py.
+does is in leased.py, and what it does to a run in run_pass.py, submission.py and retries.py.
 
     python -m tessera.platform.supervision.supervisor [--home DIR]
 """
@@ -16,42 +17,54 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-import traceback
 from pathlib import Path
 
-from tessera.platform.errors import PlatformError
 from tessera.platform.home import tessera_home
-from tessera.platform.store.state import ACTIVE, RUNNING, STARTING, STOPPING, RunRecord
-from tessera.platform.supervision.context import SupervisorContext, SupervisorSettings, cluster_backend
-from tessera.platform.supervision.run_pass import step
+from tessera.platform.store.leases import Replica
+from tessera.platform.store.state import ACTIVE, StateDB
+from tessera.platform.supervision.context import SupervisorSettings, cluster_backend
+from tessera.platform.supervision.leased import Supervision
 
 __all__ = ["Supervisor", "SupervisorSettings", "cluster_backend", "ensure_supervisor", "main",
            "stop_supervisor", "supervisor_running"]
+
+
+def home_replica(home: Path) -> Replica:
+    """The replica id of a home's supervisor: the same for every supervisor of this home on this host
+    (the lock lets one run at a time), so a restarted one renews the leases the one before held."""
+    digest = hashlib.sha256(f"{socket.gethostname()}:{home}".encode()).hexdigest()[:12]
+    return Replica(f"home-{digest}")
 
 
 class Supervisor:
     """The loop of one supervisor process over the runs of one TESSERA_HOME."""
 
     def __init__(self, home: str | Path | None = None, settings: SupervisorSettings | None = None) -> None:
-        self.ctx = SupervisorContext.open(tessera_home(home), settings or SupervisorSettings.from_env())
-        self.last_error: dict[str, str] = {}                # run id -> last error recorded as an event
-        self.started = time.time()
+        self.home = tessera_home(home)
+        self.settings = settings or SupervisorSettings.from_env()
+        self.state = StateDB.local(self.home)
+        self.supervision = Supervision(self.state.engine, home_replica(self.home), lambda _team: self.home,
+                                       self.settings)
         self._stop = False
 
+    def log(self, message: str) -> None:
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {message}", file=sys.stderr, flush=True)
+
     def run_forever(self) -> int:
-        ctx = self.ctx
-        lock = _try_lock(ctx.home)
+        lock = _try_lock(self.home)
         if lock is None:
-            ctx.log("another supervisor holds the lock; exiting")
+            self.log("another supervisor holds the lock; exiting")
             return 0
         signal.signal(signal.SIGTERM, lambda *_: setattr(self, "_stop", True))
-        (ctx.home / "supervisor.pid").write_text(str(os.getpid()))
-        ctx.log(f"supervisor {os.getpid()} watching {ctx.home}")
+        (self.home / "supervisor.pid").write_text(str(os.getpid()))
+        self.log(f"supervisor {os.getpid()} watching {self.home}")
         idle_since = time.monotonic()
         try:
             while not self._stop:
@@ -59,58 +72,30 @@ class Supervisor:
                 now = time.monotonic()
                 if active:
                     idle_since = now
-                elif now - idle_since > ctx.settings.idle_exit:
+                elif now - idle_since > self.settings.idle_exit:
                     # Release first, then look again: a run submitted meanwhile either sees the lock free
                     # (and starts a new supervisor) or is seen here.
                     os.close(lock)
-                    if not ctx.db.list_runs(ACTIVE):
-                        ctx.log("nothing to watch; exiting")
+                    if not self.state.count_runs(ACTIVE):
+                        self.log("nothing to watch; exiting")
                         return 0
-                    lock = _try_lock(ctx.home)
+                    lock = _try_lock(self.home)
                     if lock is None:
                         return 0
                     idle_since = now
-                time.sleep(ctx.settings.poll)
+                time.sleep(self.settings.poll)
         finally:
             try:
-                if (ctx.home / "supervisor.pid").read_text() == str(os.getpid()):
-                    (ctx.home / "supervisor.pid").unlink()
+                if (self.home / "supervisor.pid").read_text() == str(os.getpid()):
+                    (self.home / "supervisor.pid").unlink()
             except OSError:
                 pass
-        ctx.log("stopped by SIGTERM")
+        self.log("stopped by SIGTERM")
         return 0
 
     def tick(self) -> int:
         """One pass over every active run; returns how many are active."""
-        ctx = self.ctx
-        ctx.db.supervisor_beat(os.getpid(), self.started)
-        runs = ctx.db.list_runs(ACTIVE)
-        self._watch_nodes(runs)
-        for run in sorted(runs, key=lambda r: r.created):
-            try:
-                step(ctx, run)
-                self.last_error.pop(run.id, None)
-            except Exception as exc:  # one broken run must not stop the others being watched
-                message = f"{type(exc).__name__}: {exc}"
-                if self.last_error.get(run.id) != message:   # once per distinct error, not every pass
-                    self.last_error[run.id] = message
-                    ctx.log(f"run {run.name}: {exc!r}\n{traceback.format_exc()}")
-                    ctx.db.add_event(run.id, "supervisor_error", f"supervisor error (will retry): {message}")
-        return len(runs)
-
-    def _watch_nodes(self, runs: list[RunRecord]) -> None:
-        """Remember which nodes look unhealthy, to name the culprit when a job ends in NODE_FAIL."""
-        for cluster in {r.cluster for r in runs if r.status in (STARTING, RUNNING, STOPPING)}:
-            try:
-                backend = self.ctx.backend(cluster)
-                if backend.type == "local":
-                    continue
-                seen = self.ctx.unhealthy.setdefault(cluster, {})
-                for node in backend.nodes():
-                    if not node.healthy:
-                        seen[node.name] = time.time()
-            except PlatformError:
-                continue
+        return self.supervision.tick()
 
 
 # --- starting the supervisor ----------------------------------------------------------------------
