@@ -28,6 +28,7 @@ from tessera.llm.hf.composer_start import composer_load_path, composer_trainer_c
 from tessera.llm.hf.mpt import MptUnsupported, gpt_config_from_mpt, gpt_names
 from tessera.llm.hf.mpt_load import load_gpt
 from tessera.llm.model import GPT, GPTConfig
+from tessera.llm.model_source import NotAModel
 from tessera.storage import upload
 from tessera.train.checkpoint import CheckpointManager, apply_state
 from tessera.train.config import TrainerConfig
@@ -319,3 +320,16 @@ def test_tessera_train_continues_from_a_composer_load_path(run, tmp_path, monkey
     assert Timestamp.from_state_dict(saved["timestamp"]).sample == 16 and saved["dataloader"]["sample_in_epoch"] == 16
     moved = (saved["model"]["transformer.wte.weight"] - run["hf"].transformer.wte.weight).abs().max()
     assert 0 < moved < 0.02  # one Adam step of lr 1e-2 (the saved group's) from Composer's weights
+
+
+def test_a_sharded_composer_checkpoint_is_refused_with_how_to_convert_it(tmp_path):
+    """DCP's metadata is a pickle (reading it runs code): refused in one line that says how to convert it."""
+    import torch.distributed.checkpoint as dcp
+
+    with pytest.warns(UserWarning, match="single process"):
+        dcp.save({"state": {"model": {"model.transformer.wte.weight": torch.zeros(2, 2)}}},
+                 checkpoint_id=tmp_path / "ep0-ba2")
+    with pytest.raises(NotAModel, match=r"ep0-ba2: a sharded Composer checkpoint .* dcp_to_torch FOLDER"):
+        load_gpt(tmp_path / "ep0-ba2")
+    with pytest.raises(ComposerCheckpointError, match=r"^load_path=.*ep0-ba2: a sharded Composer checkpoint"):
+        composer_trainer_config(TrainerConfig(max_duration="1ba", load_path=str(tmp_path / "ep0-ba2")))

@@ -29,6 +29,7 @@ from typing import Any, Literal
 from tessera.storage import InvalidURL, NotFound, open_store, split_url
 
 EXPORT_FORMAT = "tessera-gpt"  # the `format` of an export's config.json
+DCP_METADATA = ".metadata"  # the index of a torch.distributed.checkpoint folder
 CONFIG = "config.json"
 Kind = Literal["transformers", "export", "checkpoint", "composer"]
 # The first bytes of a Composer checkpoint file: torch.save's zip archive or older pickle stream, a .tar,
@@ -83,6 +84,8 @@ def resolve_model_source(url: str | os.PathLike[str], key: str | None = None) ->
     except ValueError:
         raise NotAModel(f"{label}: not a model: its {CONFIG} is not JSON") from None
     if config is None:
+        if store.exists(DCP_METADATA):
+            raise NotAModel(sharded_composer_message(label))
         if is_remote(url) and next(iter(store.list("")), None) is None:
             if is_checkpoint_file(url):
                 return ModelSource(url, "composer")
@@ -115,6 +118,25 @@ def is_checkpoint_file(url: str | os.PathLike[str]) -> bool:
     except (NotFound, InvalidURL):
         return False
     return any(head[offset:offset + len(magic)] == magic for offset, magic in _CHECKPOINT_FILE_MAGIC)
+
+
+def is_sharded_composer(url: str | os.PathLike[str]) -> bool:
+    """Whether `url` is a folder of torch.distributed.checkpoint shards (Composer's sharded checkpoint;
+    Tessera's own keep theirs one level down, in a checkpoint's dcp/)."""
+    url = os.fspath(url)
+    if not is_remote(url) and not Path(url.removeprefix("file://")).expanduser().is_dir():
+        return False
+    try:
+        return open_store(url).exists(DCP_METADATA)
+    except (NotFound, InvalidURL):
+        return False
+
+
+def sharded_composer_message(label: str) -> str:
+    """A sharded Composer checkpoint is refused: reading DCP's metadata unpickles it (runs code)."""
+    return (f"{label}: a sharded Composer checkpoint (torch.distributed.checkpoint shards); Tessera reads "
+            "Composer's one-file checkpoints: convert it where you trust it with `python -m "
+            "torch.distributed.checkpoint.format_utils dcp_to_torch FOLDER composer.pt`")
 
 
 def hub_id_message(hub_id: str, key: str | None = None) -> str:

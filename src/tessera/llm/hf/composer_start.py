@@ -31,7 +31,12 @@ from typing import Any
 
 from tessera.llm.hf.cache import default_cache_dir
 from tessera.llm.hf.composer import ComposerCheckpointError, read_composer_checkpoint
-from tessera.llm.model_source import is_checkpoint_file, is_remote
+from tessera.llm.model_source import (
+    is_checkpoint_file,
+    is_remote,
+    is_sharded_composer,
+    sharded_composer_message,
+)
 from tessera.storage import open_store, split_url
 from tessera.stream.cache import flocked
 from tessera.train.checkpoint import CheckpointManager
@@ -68,6 +73,8 @@ def composer_load_path(url: str, cache_dir: str | os.PathLike[str] | None = None
 def composer_trainer_config(config: TrainerConfig) -> TrainerConfig:
     """`config` itself, or, when its `load_path` is a Composer checkpoint file, with `load_path` at that
     checkpoint's Tessera form (weights only, with a warning saying why, when the rest does not map)."""
+    if config.load_path and is_sharded_composer(config.load_path):
+        raise ComposerCheckpointError(sharded_composer_message(f"load_path={config.load_path}"))
     if not config.load_path or not is_checkpoint_file(config.load_path):
         return config
     start = composer_load_path(config.load_path)
