@@ -320,6 +320,11 @@ def test_tessera_train_continues_from_a_composer_load_path(run, tmp_path, monkey
     assert Timestamp.from_state_dict(saved["timestamp"]).sample == 16 and saved["dataloader"]["sample_in_epoch"] == 16
     moved = (saved["model"]["transformer.wte.weight"] - run["hf"].transformer.wte.weight).abs().max()
     assert 0 < moved < 0.02  # one Adam step of lr 1e-2 (the saved group's) from Composer's weights
+    res = runner.invoke(app, ["train", "tiny-cpu.yaml", f"load_path={run['ckpt']}", "model.d_model=32", "model.n_layers=3",
+                              "model.max_seq_len=64", "model.vocab_size=320", "data.train.streams.0.remote=mds",
+                              "data.eval.streams.0.remote=mds", "save_folder=ck3"])
+    assert res.exit_code == 1 and res.output == (f"error: load_path={run['ckpt']}: the checkpoint's model differs from "
+                                                 "the run's: model.n_layers is 3 here, 2 there\n"), res.output
 
 
 def test_a_sharded_composer_checkpoint_is_refused_with_how_to_convert_it(tmp_path):

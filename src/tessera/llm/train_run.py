@@ -156,7 +156,7 @@ def make_trainer(recipe: Recipe) -> Trainer:
         callbacks.append(BaseCheck(spec, base))
     return Trainer(model, optimizer, train_dataloader=train, schedulers=schedule, eval_dataloader=evals,
                    callbacks=callbacks, run_config=run_config(recipe, model, base, prep_summary),
-                   config=composer_trainer_config(recipe.trainer_config()))  # a Composer load_path: hf/composer_start.py
+                   config=composer_trainer_config(recipe.trainer_config(), model))  # a Composer load_path: hf/composer_start.py
 
 
 def run_config(recipe: Recipe, model: torch.nn.Module, base: dict[str, Any] | None = None,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -43,10 +44,15 @@ from tessera.train.checkpoint import CheckpointManager
 from tessera.train.config import TrainerConfig
 
 
+SUMMARY = "composer-start.json"  # beside the checkpoint: its model config and what carried over
+_NOT_COMPARED = ("dropout", "init_std")  # settings that leave the weights' meaning alone
+
+
 @dataclass(frozen=True)
 class ComposerStart:
     url: str                     # a Tessera checkpoint root: give it as load_path
     weights_only: str | None     # why only the weights carry over (then set load_weights_only); None: all of it
+    model: dict[str, Any]        # the GPTConfig the checkpoint's MPT maps to
 
 
 def composer_load_path(url: str, cache_dir: str | os.PathLike[str] | None = None,
@@ -66,18 +72,25 @@ def composer_load_path(url: str, cache_dir: str | os.PathLike[str] | None = None
         with flocked(root / f".{target.name}.lock", fcntl.LOCK_EX):
             if not target.is_dir():  # another local rank finished it while this one waited
                 _convert(url, mpt_config, root, target)
-    reason = (target / "weights-only.txt").read_text() if (target / "weights-only.txt").is_file() else None
-    return ComposerStart(str(target), reason)
+    summary = json.loads((target / SUMMARY).read_text())
+    return ComposerStart(str(target), summary["weights_only"], summary["model"])
 
 
-def composer_trainer_config(config: TrainerConfig) -> TrainerConfig:
+def composer_trainer_config(config: TrainerConfig, model: Any = None) -> TrainerConfig:
     """`config` itself, or, when its `load_path` is a Composer checkpoint file, with `load_path` at that
-    checkpoint's Tessera form (weights only, with a warning saying why, when the rest does not map)."""
+    checkpoint's Tessera form (weights only, with a warning saying why, when the rest does not map).
+    `model`: the run's model; a GPT of another shape than the checkpoint's is refused naming the keys."""
     if config.load_path and is_sharded_composer(config.load_path):
         raise ComposerCheckpointError(sharded_composer_message(f"load_path={config.load_path}"))
     if not config.load_path or not is_checkpoint_file(config.load_path):
         return config
     start = composer_load_path(config.load_path)
+    ours = model.cfg.to_dict() if hasattr(model, "cfg") else None
+    differ = [k for k, v in start.model.items() if ours is not None and k not in _NOT_COMPARED and ours.get(k) != v]
+    if differ:
+        raise ComposerCheckpointError(f"load_path={config.load_path}: the checkpoint's model differs from the run's: "
+                                      + ", ".join(f"model.{k} is {ours[k]!r} here, {start.model[k]!r} there"
+                                                  for k in differ))
     if start.weights_only is not None and not config.load_weights_only:
         warnings.warn(f"load_path={config.load_path}: only the weights carry over: {start.weights_only}",
                       stacklevel=2)
@@ -91,8 +104,8 @@ def _convert(url: str, mpt_config: Mapping[str, Any] | None, root: Path, target:
     try:
         with CheckpointManager(partial, async_save=False) as manager:
             manager.save(ckpt.state())
-        if ckpt.weights_only is not None:
-            (partial / "weights-only.txt").write_text(ckpt.weights_only)
+        summary = {"source": url, "model": ckpt.config.to_dict(), "weights_only": ckpt.weights_only}
+        (partial / SUMMARY).write_text(json.dumps(summary, indent=2))
         os.rename(partial, target)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
