@@ -43,7 +43,6 @@ from tessera.stream.cache import flocked
 from tessera.train.checkpoint import CheckpointManager
 from tessera.train.config import TrainerConfig
 
-
 SUMMARY = "composer-start.json"  # beside the checkpoint: its model config and what carried over
 _NOT_COMPARED = ("dropout", "init_std")  # settings that leave the weights' meaning alone
 
