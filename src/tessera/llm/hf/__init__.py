@@ -21,4 +21,8 @@ CUDA GPUs only: on a CPU it stops with a one-line error before anything is loade
     export.py     a checkpoint -> a transformers folder (merged) or a peft adapter folder
     fingerprint.py  the base model's files hashed at the start of a run; resume and export refuse a changed base
     gpt_to_hf.py  Tessera's GPT as the transformers architecture with the same maths (MPT, GPT-NeoX)
+    mpt.py        the reverse: an MPT config and weights (LLM Foundry's, transformers') as the GPT's, or refused
+    composer.py   a Composer checkpoint of an MPT (a Foundry run): weights, optimizer, timestamp, tokenizer
+    composer_start.py  that checkpoint as a Tessera checkpoint, so `load_path` continues a Composer run
+    mpt_load.py   `load_gpt`: the GPT from any source (Composer file, MPT folder, Tessera export/checkpoint)
 """
