@@ -31,6 +31,11 @@ HOME_HELP = "Server home: server.db, secret.key, teams/<team>/ (default: $TESSER
 T = TypeVar("T")
 GRACEFUL_STOP = 3.0   # seconds open requests get to finish when the server stops
 DB_HELP = "SQLAlchemy database URL (default: $TESSERA_DB_URL, else SQLite in the home)."
+DEFAULT_LEASE_SECONDS = 30.0   # as store/leases.py (not imported here: every `tessera` command loads this module)
+LEASE_HELP = ("Seconds a run's supervision lease lasts unless this replica renews it: after a replica dies, "
+              "another takes its runs over once their leases expire.")
+ARTIFACTS_HELP = ("Where runs' specs, logs and metrics go, shared by every replica: a folder or s3://bucket/prefix "
+                  "(default: $TESSERA_ARTIFACTS_URL, else the home's folder artifacts).")
 
 
 def _settings(home: Path | None, db: str | None, **more: object) -> ServerSettings:
@@ -63,6 +68,9 @@ def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.
           port: int = typer.Option(8080, min=1, max=65535, help="Port."),
           home: Path = typer.Option(None, "--home", help=HOME_HELP),
           db: str = typer.Option(None, "--db", help=DB_HELP),
+          artifacts: str = typer.Option(None, "--artifacts", help=ARTIFACTS_HELP),
+          lease_seconds: float = typer.Option(DEFAULT_LEASE_SECONDS, "--lease-seconds", min=0.5, max=3600,
+                                              help=LEASE_HELP),
           log_level: str = typer.Option("warning", "--log-level", help="uvicorn's log level (info: every request).")
           ) -> None:
     """Serve the API (/api/v1) and the web console (/) until interrupted."""
@@ -71,24 +79,54 @@ def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.
     from tessera.platform.server.app import create_app
     from tessera.platform.store.db import safe_url
 
-    settings = _settings(home, db, host=host, port=port)
+    settings = _settings(home, db, host=host, port=port, artifacts=artifacts, lease_seconds=lease_seconds)
     try:
         application = create_app(settings)
     except ValueError as exc:
         fail(exc, code=2)
         raise   # not reached: fail() exits
+    except PlatformError as exc:   # e.g. another secrets key than the store's: refused, in one line
+        fail(f"cannot start the server: {exc}")
     except Exception as exc:
         fail(f"cannot start the server ({safe_url(settings.db_url)}): {type(exc).__name__}: "
              f"{str(exc).splitlines()[0] if str(exc) else ''}")
     _check_port(host, port)
     typer.echo(f"Tessera server on {settings.url}  (console: {settings.url}/, API: {settings.url}/api/v1, "
-               f"home {settings.home}, database {safe_url(settings.db_url)})")
+               f"home {settings.home}, database {safe_url(settings.db_url)}, artifacts {settings.artifacts_url})")
     sys.stdout.flush()
     # Followers of a quiet run's logs would otherwise hold a stop (Ctrl-C) until their runs end.
     config = uvicorn.Config(application, host=host, port=port, log_level=log_level.lower(),
                             timeout_graceful_shutdown=GRACEFUL_STOP)
     logging.getLogger("uvicorn.access").addFilter(_HideKeys())
     uvicorn.Server(config).run()
+
+
+@app.command("migrate")
+def migrate_store(home: Path = typer.Option(None, "--home", help=HOME_HELP),
+                  db: str = typer.Option(None, "--db", help=DB_HELP)) -> None:
+    """Bring the database to the newest schema and import what an older version kept in the server home
+    (each team's state.db and secret files), as `start` does; safe to run again (nothing is imported twice)."""
+    from tessera.platform.secrets.vault import claim_secrets_key
+    from tessera.platform.server.teams import TeamPlatforms, use_server_secret_key
+    from tessera.platform.store.db import make_engine, migrate, safe_url
+
+    settings = _settings(home, db)
+    try:
+        engine = make_engine(settings.db_url)
+        migrate(engine)
+        use_server_secret_key(settings.home)
+        claim_secrets_key(engine, settings.home)
+        imported = TeamPlatforms(engine, settings.home).import_old_homes()
+    except (PlatformError, ValueError, OSError) as exc:
+        fail(f"cannot migrate {safe_url(settings.db_url)}: {exc}")
+        raise   # not reached: fail() exits
+    except SQLAlchemyError as exc:
+        fail(f"the server database failed: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        raise   # not reached: fail() exits
+    for team, runs in imported.items():
+        typer.echo(f"team {team}: {runs} run(s) imported from {settings.home / 'teams' / team / 'state.db'}")
+    typer.echo(f"{safe_url(settings.db_url)} is at the newest schema"
+               + ("" if imported else f"; nothing to import from {settings.home}"))
 
 
 @admin.command("create-team")
