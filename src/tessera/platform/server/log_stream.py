@@ -67,7 +67,8 @@ class LogFeed:
     def _read(self) -> None:
         try:
             redact = self.platform.secrets.redactor()
-            for line in logs.follow(self._current, redact, self.rank, self.resumption, follow=True):
+            for line in logs.follow(self.platform.artifacts, self._current, redact, self.rank, self.resumption,
+                                    follow=True):
                 if not self._add(line):
                     return
             end = self._current().status

@@ -1,0 +1,116 @@
+"""Where every replica finds what a run leaves: its spec, parameters, logs and metrics, under one storage URL
+(`tessera server start --artifacts URL`, `TESSERA_ARTIFACTS_URL`; a folder or s3://bucket/prefix, through
+tessera.storage, one code path for both). Without one, a folder inside the home, so a single machine
+works as it did.
+
+    <team>/runs/<run_id>/spec.yaml                       written at submit (and on an edit), whole
+    <team>/runs/<run_id>/parameters.yaml                 written at submit
+    <team>/runs/<run_id>/logs/r<resumption>/node-<rank>/<seq>.chunk     each node's log (chunks.py)
+    <team>/runs/<run_id>/metrics/<seq>.chunk             what the run reports to TESSERA_METRICS
+
+Keys are by run id, not name: a name is free again once its run is deleted, an id never. The processes
+of a run write to a private local folder on the host that runs them; whoever supervises the run ships the
+new bytes here (shipping.py) and every reader (`run logs`, following, metrics) reads from here, so any
+replica serves a run's output while it runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import yaml
+
+from tessera.platform.home import write_private
+from tessera.platform.runs.chunks import Chain
+from tessera.platform.spec.run_spec import RunSpec, validate_name
+from tessera.storage import NotFound, Store, open_store
+
+ENV_ARTIFACTS_URL = "TESSERA_ARTIFACTS_URL"
+HOME_FOLDER = "artifacts"     # the root inside a home when no URL is given
+SPEC_FILE = "spec.yaml"
+PARAMETERS_FILE = "parameters.yaml"
+
+
+def artifacts_url(home: Path, url: str | None = None) -> str:
+    """`url`, else $TESSERA_ARTIFACTS_URL, else the folder `artifacts` inside `home`."""
+    return url or os.environ.get(ENV_ARTIFACTS_URL) or str(home / HOME_FOLDER)
+
+
+def open_root(url: str) -> Store:
+    """The artifacts root of a server, checked at start by one LIST: a missing bucket or refused
+    credentials stop the server with one line naming the URL, not the first run that ships a log."""
+    store = open_store(url)
+    next(iter(store.list("", start_after="")), None)
+    return store
+
+
+def _index(value: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} must be an integer >= 0, got {value!r}")
+    return value
+
+
+class ArtifactStore:
+    """One team's runs under a storage root; every key it makes is checked (no path tricks in a team,
+    run id, resumption or rank reaches the store)."""
+
+    def __init__(self, store: Store, team: str) -> None:
+        self.store = store
+        self.team = validate_name(team, "team name")
+
+    @classmethod
+    def open(cls, url: str, team: str) -> ArtifactStore:
+        return cls(open_store(url), team)
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    def run_prefix(self, run_id: str) -> str:
+        return f"{self.team}/runs/{validate_name(run_id, 'run id')}/"
+
+    # --- run files --------------------------------------------------------------------------------
+
+    def put_run_files(self, run_id: str, spec: RunSpec) -> None:
+        """The spec and parameters of a run just submitted (each put is atomic: whole or absent)."""
+        prefix = self.run_prefix(run_id)
+        self.store.put(prefix + PARAMETERS_FILE, yaml.safe_dump(spec.parameters, sort_keys=False).encode())
+        self.store.put(prefix + SPEC_FILE, spec.to_yaml().encode())
+
+    def put_spec(self, run_id: str, spec: RunSpec) -> None:
+        """An edited spec, replacing the old one whole."""
+        self.store.put(self.run_prefix(run_id) + SPEC_FILE, spec.to_yaml().encode())
+
+    def read_file(self, run_id: str, name: str) -> bytes:
+        """spec.yaml or parameters.yaml of a run (NotFound if it has none)."""
+        if name not in (SPEC_FILE, PARAMETERS_FILE):
+            raise ValueError(f"a run's files are {SPEC_FILE} and {PARAMETERS_FILE}, not {name!r}")
+        return self.store.get(self.run_prefix(run_id) + name)
+
+    def fetch_run_files(self, run_id: str, folder: Path) -> None:
+        """Make spec.yaml and parameters.yaml exist in a run's local folder (a host that did not take the
+        submission supervises it; its processes read TESSERA_PARAMETERS there)."""
+        for name in (SPEC_FILE, PARAMETERS_FILE):
+            if (folder / name).exists():
+                continue
+            try:
+                data = self.read_file(run_id, name)
+            except NotFound:
+                continue      # submitted before artifacts existed: its folder has the files, or never did
+            folder.mkdir(parents=True, exist_ok=True)
+            write_private(folder / name, data)
+
+    def delete_run(self, run_id: str) -> None:
+        """Everything a deleted run left."""
+        prefix = self.run_prefix(run_id)
+        self.store.delete_many([info.key for info in self.store.list(prefix)])
+
+    # --- chains -----------------------------------------------------------------------------------
+
+    def log_chain(self, run_id: str, resumption: int, node: int) -> Chain:
+        return Chain(self.store, f"{self.run_prefix(run_id)}logs/r{_index(resumption, 'resumption')}/"
+                                 f"node-{_index(node, 'node rank')}/")
+
+    def metrics_chain(self, run_id: str) -> Chain:
+        return Chain(self.store, f"{self.run_prefix(run_id)}metrics/")
