@@ -6,6 +6,7 @@ duplicates nor loses a byte; secret values never reach the store; no name reache
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tessera.platform.runs.chunks import ArtifactError, Chain
 from tessera.platform.runs.info import Resumption, Run
 from tessera.platform.runs.logs import follow
 from tessera.platform.runs.metrics import read_metrics
-from tessera.platform.runs.shipping import Shipper, ship_history
+from tessera.platform.runs.shipping import Shipper, adopt_history, ship_history
 from tessera.platform.secrets.redaction import Redactor
 from tessera.platform.spec.run_spec import RunSpec
 from tessera.storage import Store, open_store
@@ -287,19 +288,67 @@ def test_a_metrics_line_longer_than_a_chunk_is_skipped(tmp_path: Path, monkeypat
     assert read_metrics(artifacts, "0123abcd", REDACT) == ([{"step": 1}, {"step": 2}], 5)
 
 
-def test_history_of_a_home_from_before_artifacts_is_shipped_once(tmp_path: Path) -> None:
+def test_logs_of_a_home_from_before_artifacts_are_shipped_once_when_read(tmp_path: Path) -> None:
+    """An imported home's run has its logs and metrics in its local folders only: the first read ships
+    them (the run's one metrics.jsonl as its last resumption's); shipping again ships nothing."""
     artifacts = ArtifactStore.open(str(tmp_path / "artifacts"), "local")
     run_folder = tmp_path / "runs" / "old"
     for i in (0, 1):
         (run_folder / f"r{i}").mkdir(parents=True)
         (run_folder / f"r{i}" / "node-0.log").write_bytes(f"resumption {i}\n".encode())
     (run_folder / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2}\n')
-    resumptions = [(0, run_folder / "r0", 1), (1, run_folder / "r1", 1)]
-    assert ship_history(artifacts, "0123abcd", run_folder, resumptions, lambda: REDACT) == 2 * 13 + 24
-    assert ship_history(artifacts, "0123abcd", run_folder, resumptions, lambda: REDACT) == 0
-    run = make_run(make_spec("old"), [True, True], status="COMPLETED")
-    assert list(follow(artifacts, lambda: run, REDACT, resumption=0, follow=False)) == ["resumption 0"]
-    assert read_metrics(artifacts, "0123abcd", REDACT) == ([{"step": 1}, {"step": 2}], 1)
+    old = make_run(make_spec("old"), [True, True], status="COMPLETED", run_id="0123abcd")
+    old = Run(**{**old.__dict__, "folder": str(run_folder),
+                 "resumptions": [Resumption(**{**r.__dict__, "folder": str(run_folder / f"r{r.index}")})
+                                 for r in old.resumptions]})
+    assert adopt_history(artifacts, old.id, lambda: old, lambda: REDACT) == 2 * 13 + 24
+    assert adopt_history(artifacts, old.id, lambda: old, lambda: REDACT) == 0      # looked at once
+    resumptions = [(r.index, Path(r.folder), 1) for r in old.resumptions]
+    assert ship_history(artifacts, old.id, run_folder, resumptions, lambda: REDACT) == 0   # the chains know
+    assert list(follow(artifacts, lambda: old, REDACT, resumption=0, follow=False)) == ["resumption 0"]
+    assert list(follow(artifacts, lambda: old, REDACT, follow=False)) == ["resumption 1"]
+    assert read_metrics(artifacts, old.id, REDACT) == ([{"step": 1}, {"step": 2}], 1)
+
+
+# --- a real run ---------------------------------------------------------------------------------------
+
+
+WRITER = """
+import json, os, sys, time
+print("one", flush=True)
+with open(os.environ["TESSERA_METRICS"], "a") as f:
+    f.write(json.dumps({"step": 1, "loss": 2.5}) + "\\n")
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+print("two", end="", flush=True)
+"""
+
+
+def test_a_real_run_is_followed_through_an_s3_artifacts_root(s3_bucket: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch,
+                                                             request: pytest.FixtureRequest) -> None:
+    """The standalone CLI's supervisor ships a live run's log to the bucket, where a follower reads it."""
+    monkeypatch.setenv("TESSERA_ARTIFACTS_URL", s3_bucket + "/art")
+    platform = request.getfixturevalue("platform")
+    script, go = tmp_path / "writer.py", tmp_path / "go"
+    script.write_text(WRITER)
+    run = platform.create_run({"name": "live", "command": f"{sys.executable} {script} {go}",
+                               "parameters": {"lr": 0.5}, "compute": {"cluster": "local"}})
+    lines = platform.follow_logs("live")
+    assert next(lines) == "one"
+    assert platform.get_run("live").status == "RUNNING"        # seen while the command runs
+    go.touch()
+    assert list(lines) == ["two"]                               # the last line, without its newline
+    assert platform.get_run("live").status == "COMPLETED"
+    store = open_store(s3_bucket + "/art")
+    keys = sorted(i.key for i in store.list())
+    prefix = f"local/runs/{run.id}/"
+    assert keys[-2:] == [prefix + "parameters.yaml", prefix + "spec.yaml"]
+    assert {k.rsplit("/", 1)[0] for k in keys[:-2]} == {prefix + "logs/r0/node-0", prefix + "metrics"}
+    assert yaml.safe_load(store.get(prefix + "parameters.yaml")) == {"lr": 0.5}
+    assert RunSpec.model_validate(yaml.safe_load(store.get(prefix + "spec.yaml"))) == run.spec
+    assert read_metrics(platform.artifacts, run.id, REDACT) == ([{"step": 1, "loss": 2.5}], 1)
+    assert not (platform.home / "artifacts").exists()
 
 
 # --- names --------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tessera.platform.runs.artifacts import ArtifactStore
 from tessera.platform.runs.chunks import Chain, ChainEnd
+from tessera.platform.runs.info import Run
 from tessera.platform.runs.metrics import METRICS_FILE
 from tessera.platform.secrets.redaction import Redactor
 
@@ -128,3 +129,31 @@ def ship_history(artifacts: ArtifactStore, run_id: str, run_folder: Path,
         shipped += shipper.ship(artifacts.metrics_chain(run_id), resumptions[-1][0], run_folder / METRICS_FILE,
                                 lambda data: mask_metrics(data, redact), final=True)
     return shipped
+
+
+_ADOPTED: set[str] = set()    # runs whose history this process has looked at already
+
+
+def adopt_history(artifacts: ArtifactStore, run_id: str, get_run: Callable[[], Run],
+                  redactor: Callable[[], Redactor]) -> int:
+    """Before a run's logs or metrics are read: a run an older version made (its files only in its local
+    folders: the run's metrics.jsonl, which only those wrote, or an ended resumption's node log while its
+    chain is empty) has them shipped now, once (`ship_history`). Looked at once per run and process; a
+    stat or two, and one LIST only for a run with such files on this host."""
+    if run_id in _ADOPTED:
+        return 0
+    run = get_run()
+    ended = [(r.index, Path(r.folder), run.spec.compute.nodes) for r in run.resumptions if r.end is not None]
+    legacy = _size(Path(run.folder) / METRICS_FILE) or any(_size(folder / "node-0.log") for _, folder, _ in ended)
+    shipped = 0
+    if ended and legacy and next(artifacts.log_chain(run.id, ended[0][0], 0).listed(), None) is None:
+        shipped = ship_history(artifacts, run.id, Path(run.folder), ended, redactor)
+    _ADOPTED.add(run.id)
+    return shipped
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
