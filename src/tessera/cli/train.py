@@ -18,7 +18,8 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import typer
 import yaml
@@ -68,8 +69,9 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
         return
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # a process torchrun started
     try:
-        cfg, unset = (load_recipe_leaving_unset(recipe, overrides or []) if print_config
-                      else (load_recipe(recipe, overrides or []), []))
+        with one_line_warnings():  # what an LLM Foundry YAML's translation says it does differently
+            cfg, unset = (load_recipe_leaving_unset(recipe, overrides or []) if print_config
+                          else (load_recipe(recipe, overrides or []), []))
         world, local = (nproc, nproc) if nproc and not launched else _job_world()
         parallel = resolve_plan(cfg.parallelism, world, local, _device_type(cfg), cfg.precision.value)
         cfg.check_batches(parallel.dp_degree)
@@ -110,6 +112,16 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
     finally:
         warnings.formatwarning = default_format
     raise typer.Exit(code)
+
+
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Tessera's own warnings as `warning: MESSAGE` lines while the block runs (`_one_line`)."""
+    default, warnings.formatwarning = warnings.formatwarning, _one_line(warnings.formatwarning)
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
 
 
 def _one_line(default: Callable[..., str]) -> Callable[..., str]:

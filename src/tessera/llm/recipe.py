@@ -13,7 +13,6 @@ LLM Foundry's. `recipe_keys()` lists every key for `tessera train --help`.
 from __future__ import annotations
 
 import copy
-import difflib
 import json
 import os
 import types
@@ -35,12 +34,14 @@ from pydantic import (
 )
 
 from tessera.llm.finetune.config import ExampleSource
+from tessera.llm.foundry import FoundryError, foundry_recipe, is_foundry
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.icl.config import ICLSection
 from tessera.llm.model import NAMED_CONFIGS, GPTConfig
 from tessera.llm.model_source import is_hub_id
 from tessera.llm.recipe_required import must_be_set_message, placeholder_overrides, unset_keys
 from tessera.stream.config import StreamConfig, StreamingConfig
+from tessera.suggest import closest, hint
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
 from tessera.train.logger_settings import LOGGERS, as_mapping
 from tessera.train.time import Time
@@ -324,14 +325,14 @@ def _did_you_mean(loc: tuple[Any, ...]) -> str:
     name = str(loc[-1])
     paths = _key_paths(Recipe)
     same = [p for p in paths if p.rsplit(".", 1)[-1] == name]
-    close = difflib.get_close_matches(name, _field_names(Recipe, loc), n=1)
+    close = closest(name, _field_names(Recipe, loc))
     if close and not same:
-        return ".".join([*map(str, loc[:-1]), close[0]])
+        return ".".join([*map(str, loc[:-1]), close])
     words = [p for p in paths if name in p.rsplit(".", 1)[-1].split("_")]  # keep -> ..._to_keep
     if same or words:
         return (same or words)[0]
-    close = difflib.get_close_matches(name, [p.rsplit(".", 1)[-1] for p in paths], n=1)
-    return next((p for p in paths if close and p.rsplit(".", 1)[-1] == close[0]), "")
+    close = closest(name, [p.rsplit(".", 1)[-1] for p in paths])
+    return next((p for p in paths if close and p.rsplit(".", 1)[-1] == close), "")
 
 
 def _explain(exc: ValidationError) -> str:
@@ -361,8 +362,14 @@ def load_recipe(path: str, overrides: list[str] | tuple[str, ...] = ()) -> Recip
 
 def _overridden(path: str, overrides: list[str] | tuple[str, ...]) -> dict[str, Any]:
     tree = _read(path)
-    for item in overrides:
-        apply_override(tree, item)
+    if is_foundry(tree):  # LLM Foundry's train YAML: its own overrides and ${variables}, translated (llm/foundry/)
+        try:
+            tree = foundry_recipe(tree, overrides, path)
+        except FoundryError as exc:
+            raise RecipeError(f"{path}: {exc}") from None
+    else:
+        for item in overrides:
+            apply_override(tree, item)
     tree["run_name"] = run_name_of(path, tree, overrides)
     return tree
 
@@ -383,9 +390,8 @@ def _validated(tree: dict[str, Any]) -> Recipe:
     if "model" in tree and isinstance(tree["model"], dict) and not is_pretrained(tree["model"]):
         unknown = set(tree["model"]) - set(GPTConfig.__dataclass_fields__) - {"name"}
         for key in sorted(unknown):
-            close = difflib.get_close_matches(key, list(GPTConfig.__dataclass_fields__), n=1)
-            hint = f"; did you mean 'model.{close[0]}'?" if close else ""
-            raise RecipeError(f"invalid recipe: unknown key 'model.{key}'{hint}")
+            meant = hint(key, GPTConfig.__dataclass_fields__, prefix="model.")
+            raise RecipeError(f"invalid recipe: unknown key 'model.{key}'{meant}")
     _absolute_pretrained(tree)
     try:
         return Recipe.model_validate(tree)

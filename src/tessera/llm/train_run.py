@@ -8,16 +8,19 @@ with 143 or 130 so a supervisor can tell a requested stop from a finished run (`
 from __future__ import annotations
 
 import gc
+import os
 from typing import Any
 
 import torch
 
 from tessera.llm.finetune.batch import ExampleBatch
 from tessera.llm.finetune.loader import PrepSummaryLog, example_loader, streamed_summary
+from tessera.llm.hf.cache import local_model_folder
 from tessera.llm.hf.composer_start import composer_trainer_config
 from tessera.llm.hf.config import PretrainedSpec, is_pretrained
 from tessera.llm.hf.fingerprint import FINGERPRINT_KEY, BaseCheck, base_fingerprint
 from tessera.llm.hf.load import (
+    load_hf_tokenizer,
     load_pretrained_model,
     pretrained_seq_len,
     pretrained_tokenizer,
@@ -26,6 +29,7 @@ from tessera.llm.hf.load import (
 from tessera.llm.hf.lora import add_lora
 from tessera.llm.icl.callback import icl_evaluator
 from tessera.llm.model import GPT
+from tessera.llm.model_source import is_remote
 from tessera.llm.recipe import LoaderSpec, Recipe, RecipeError
 from tessera.llm.tokenizer import Tokenizer, TokenizerError, load_tokenizer
 from tessera.llm.tokens import stream_collate
@@ -105,13 +109,19 @@ def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 
 def recipe_tokenizer(recipe: Recipe) -> Tokenizer | Any:
     """The recipe's tokenizer; a file that is not one fails naming the key and the file. A pretrained
-    model brings its own (a transformers tokenizer, with the chat template the data side applies)."""
+    model brings its own (a transformers tokenizer, with the chat template the data side applies) unless
+    the recipe names a tokenizer folder (local or in a bucket, as LLM Foundry's tokenizer.name does): a
+    pretrained model then reads it with transformers, a GPT its tokenizer.json."""
+    name = str(local_model_folder(recipe.tokenizer)) if is_remote(recipe.tokenizer) else recipe.tokenizer
+    folder = os.path.isdir(name)
+    if is_pretrained(recipe.model) and folder:
+        return load_hf_tokenizer(name)
     if is_pretrained(recipe.model):
         own = pretrained_tokenizer(PretrainedSpec.model_validate(recipe.model))
         if own is not None:
             return own
     try:
-        return load_tokenizer(recipe.tokenizer)
+        return load_tokenizer(os.path.join(name, "tokenizer.json") if folder else name)
     except TokenizerError:
         raise
     except Exception as exc:  # the tokenizers library raises plain Exception for a file it cannot read

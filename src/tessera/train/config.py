@@ -10,7 +10,6 @@ described rather than coded (a recipe) names its optimizer and schedule with `Op
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import re
@@ -32,6 +31,7 @@ from pydantic import (
 )
 
 from tessera.storage import StorageError, open_store
+from tessera.suggest import hint
 from tessera.train.logger_settings import LOGGERS, dump_loggers, parse_loggers
 from tessera.train.parallel.config import ParallelismConfig
 from tessera.train.schedule import ConstantWithWarmup, CosineWithWarmup, LinearWithWarmup
@@ -275,9 +275,7 @@ class TrainerConfig(BaseModel):
         Python call would raise, and ValueError naming the setting for a bad value."""
         for name in settings:
             if name not in cls.model_fields:
-                close = difflib.get_close_matches(name, list(cls.model_fields), n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise TypeError(f"Trainer got an unknown setting {name!r}{hint}")
+                raise TypeError(f"Trainer got an unknown setting {name!r}{hint(name, cls.model_fields)}")
         try:
             return cls(**settings)
         except ValidationError as exc:
@@ -299,8 +297,9 @@ class OptimizerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    name: Literal["decoupled_adamw", "adamw"] = Field("decoupled_adamw", description="decoupled_adamw: the "
-                                                      "weight decay follows the schedule, not the lr.")
+    name: Literal["decoupled_adamw", "adamw", "decoupled_lionw"] = Field(
+        "decoupled_adamw", description="decoupled_adamw (and decoupled_lionw, Lion: no eps): the weight decay "
+                                       "follows the schedule, not the lr.")
     lr: Annotated[float, AfterValidator(_non_negative)] = Field(6e-4, description="The peak learning rate.")
     betas: tuple[float, float] = Field((0.9, 0.95), description="Adam's moment decay rates, each in [0, 1).")
     eps: Annotated[float, AfterValidator(_non_negative)] = Field(1e-8, description="Adam's denominator term.")

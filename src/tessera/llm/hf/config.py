@@ -9,6 +9,7 @@ They are typed here, beside the code that reads them, and the recipe (llm/recipe
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -43,6 +44,13 @@ class PretrainedSpec(_Section):
                                                     "$TESSERA_MODEL_CACHE or ~/.cache/tessera/models.")
     allow_changed_base: bool = Field(False, description="Resume even if the base model's files differ from "
                                                         "those the checkpoint was trained on (hf/fingerprint.py).")
+    random_init: bool = Field(False, description="Build the architecture from config.json with fresh random weights "
+                                                 "(pre-training from scratch; LLM Foundry's pretrained: false): the "
+                                                 "folder's weights are not read.")
+    config_overrides: dict[str, Any] = Field(
+        default_factory=dict, description="transformers config keys changed before the model is built (LLM "
+                                          "Foundry's config_overrides), e.g. {n_positions: 2048}; a mapping "
+                                          "updates a nested config.")
     architecture: str | None = Field(None, description="The model's shape for `--plan` when model.pretrained is "
                                                        "not a local folder: " + ", ".join(ARCHITECTURES)
                                                        + " (hf/architectures.py); training reads config.json.")
@@ -85,6 +93,29 @@ class LoraSpec(_Section):
 
         return peft.LoraConfig(r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
                                target_modules=self.targets(hf), bias="none")
+
+
+def transformers_config(folder: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Any:
+    """A local folder's transformers config with `model.config_overrides` applied as LLM Foundry applies them:
+    a key the config lacks is refused (ValueError naming it: a typo would otherwise change nothing), a
+    mapping updates a nested config or dict."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    config = AutoConfig.from_pretrained(os.fspath(folder), local_files_only=True)
+    for key, value in (overrides or {}).items():
+        if not hasattr(config, key):
+            raise ValueError(f"model.config_overrides.{key}: {type(config).__name__} has no such key")
+        current = getattr(config, key)
+        if isinstance(value, dict) and isinstance(current, PretrainedConfig):
+            for inner, setting in value.items():
+                if not hasattr(current, inner):
+                    raise ValueError(f"model.config_overrides.{key}.{inner}: {type(current).__name__} has no such key")
+                setattr(current, inner, setting)
+        elif isinstance(value, dict) and isinstance(current, dict):
+            current.update(value)
+        else:
+            setattr(config, key, value)
+    return config
 
 
 def is_pretrained(model_section: dict[str, Any] | None) -> bool:

@@ -23,7 +23,7 @@ from torch import nn
 from tessera.llm.export import ExportError
 from tessera.llm.hf.adapter import HFCausalLM, default_seq_len
 from tessera.llm.hf.cache import local_model_folder
-from tessera.llm.hf.config import LoraSpec, PretrainedSpec
+from tessera.llm.hf.config import LoraSpec, PretrainedSpec, transformers_config
 from tessera.llm.hf.lora import add_lora
 from tessera.llm.model_source import not_a_model, resolve_model_source
 
@@ -61,19 +61,24 @@ def dtype_keyword() -> str:
 
 
 def load_hf_model(folder: str | Path, dtype: str = "float32", attn_implementation: str | None = "sdpa",
-                  quantization: Any = None) -> Any:
-    """A transformers causal LM from a local folder, never from a hub."""
+                  quantization: Any = None, config_overrides: dict[str, Any] | None = None,
+                  random_init: bool = False) -> Any:
+    """A transformers causal LM from a local folder, never from a hub; with `random_init`, the folder's
+    architecture (config.json, after `config_overrides`) with fresh weights."""
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"local_files_only": True, dtype_keyword(): getattr(torch, dtype)}
+    kwargs: dict[str, Any] = {dtype_keyword(): getattr(torch, dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    config = transformers_config(folder, config_overrides)
+    if random_init:
+        return AutoModelForCausalLM.from_config(config, **kwargs)
     if quantization is not None:  # a 4-bit model is placed on its GPU as it loads; it is not moved later
         from tessera.train.distributed import current_env
 
         kwargs["quantization_config"] = quantization
         kwargs["device_map"] = {"": current_env().local_rank % max(torch.cuda.device_count(), 1)}
-    return AutoModelForCausalLM.from_pretrained(str(folder), **kwargs)
+    return AutoModelForCausalLM.from_pretrained(str(folder), config=config, local_files_only=True, **kwargs)
 
 
 def load_hf_tokenizer(folder: str | Path) -> Any:
@@ -86,7 +91,8 @@ def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausa
     """The recipe's pretrained model as an `HFCausalLM` (LoRA added when `lora` is given) and its tokenizer."""
     quantization = quantization_config(lora)  # fails before any download on a machine that cannot run it
     folder = local_model_folder(spec.pretrained, spec.cache_dir)
-    hf = load_hf_model(folder, spec.dtype, spec.attn_implementation, quantization)
+    hf = load_hf_model(folder, spec.dtype, spec.attn_implementation, quantization, spec.config_overrides,
+                       spec.random_init)
     if quantization is not None:
         import peft
 
@@ -156,11 +162,8 @@ def pretrained_seq_len(spec: PretrainedSpec) -> int:
         return spec.max_seq_len
     if not is_transformers(spec):
         return tessera_gpt_description(spec)[0].max_seq_len
-    from transformers import AutoConfig
-
-    config = AutoConfig.from_pretrained(str(local_model_folder(spec.pretrained, spec.cache_dir)),
-                                        local_files_only=True)
-    return default_seq_len(config)
+    return default_seq_len(transformers_config(local_model_folder(spec.pretrained, spec.cache_dir),
+                                               spec.config_overrides))
 
 
 def pretrained_tokenizer(spec: PretrainedSpec) -> Any:
