@@ -15,7 +15,8 @@ from typer.testing import CliRunner, Result
 
 from tessera.cli.main import app
 from tessera.platform import Platform, RunNotFound, SecretError
-from tessera.platform.api.client import MAX_LINE, RemotePlatform, _lines, sse_data
+from tessera.platform.api.client import RemotePlatform
+from tessera.platform.api.transport import MAX_LINE, sse_data, text_lines
 from tessera.platform.clusters.local import free_port
 
 runner = CliRunner()
@@ -168,5 +169,5 @@ def test_server_sent_events_and_long_lines() -> None:
               "", "data: after the end"]
     assert list(sse_data(stream)) == ["one", "two\nthree"]
     chunks = [b"a\nb", b"c\n", b"x" * (MAX_LINE + 10), b"y\nlast"]
-    assert [line[:3] for line in _lines(chunks)] == ["a", "bc", "xxx", "las"]
-    assert [len(line) for line in _lines(chunks)][2] == MAX_LINE
+    assert [line[:3] for line in text_lines(chunks)] == ["a", "bc", "xxx", "las"]
+    assert [len(line) for line in text_lines(chunks)][2] == MAX_LINE

@@ -123,7 +123,7 @@ def wait_all_done(server: ServerProcess, user: str, total: int, timeout: float) 
     with server.client(user) as api:
         while True:
             page = api.get("runs", params={"user": user, "limit": total + 50}).raise_for_status().json()
-            runs = page["runs"]
+            runs = page["items"]
             if len(runs) >= total and all(r["status"] in TERMINAL for r in runs):
                 return runs
             if time.monotonic() > deadline:

@@ -54,20 +54,21 @@ def test_a_run_completes_and_only_its_team_sees_it(server, hello_run) -> None:  
     assert hello_run["status"] == "COMPLETED" and hello_run["user"] == "alice"
     with server.client("alice") as alice, server.client("bob") as bob:
         listed = alice.get("runs").json()
-        assert listed["total"] == 1 and listed["runs"][0]["name"] == "hello"
-        assert listed["runs"][0]["user"] == "alice"
+        assert listed["total"] == 1 and listed["items"][0]["name"] == "hello"
+        assert listed["items"][0]["user"] == "alice" and listed["next_cursor"] is None
         assert bob.get("runs/hello").status_code == 404
         assert bob.get("runs/hello/logs").status_code == 404
         assert bob.post("runs/hello/stop").status_code == 404
         assert bob.delete("runs/hello").status_code == 404
-        assert bob.get("runs").json() == {"runs": [], "total": 0}
+        assert bob.get("runs").json() == {"items": [], "next_cursor": None, "total": 0}
         duplicate = alice.post("runs", json={"spec": {"name": "hello", "command": "true"}})
         assert duplicate.status_code == 409
         invalid = alice.post("runs", json={"spec": {"name": "broken"}})
         assert invalid.status_code == 422 and "command" in invalid.json()["detail"]
-        events = alice.get("runs/hello/events").json()["events"]
-        assert events[0]["kind"] == "created" and alice.get("runs/hello/events", params={"after": 1}).json()[
-            "events"] == events[1:]
+        events = alice.get("runs/hello/events").json()["items"]
+        first = alice.get("runs/hello/events", params={"limit": 1}).json()
+        assert events[0]["kind"] == "created" and first["items"] == events[:1]
+        assert alice.get("runs/hello/events", params={"cursor": first["next_cursor"]}).json()["items"] == events[1:]
         assert alice.get("runs/hello/metrics").json() == {"rows": [], "next": 0}   # echo reports none
 
 
@@ -82,7 +83,7 @@ def test_clusters_belong_to_their_team(server) -> None:  # type: ignore[no-untyp
         assert alice.post("clusters", json={"name": "box", "type": "local"}).status_code == 400
         assert alice.delete("clusters/box").status_code == 204
         assert alice.get("clusters/box").status_code == 404
-        actions = [(e["action"], e["target"]) for e in alice.get("audit").json()["entries"][:3]]
+        actions = [(e["action"], e["target"]) for e in alice.get("audit").json()["items"][:3]]
         assert actions == [("cluster remove", "box"), ("node clear", "box/n1"), ("cluster add", "box")]
 
 
@@ -137,10 +138,10 @@ def test_bodies_over_one_mib_get_413(server) -> None:  # type: ignore[no-untyped
 
 def test_audit_names_who_did_what_per_team(server, hello_run) -> None:  # type: ignore[no-untyped-def]
     with server.client("alice") as alice, server.client("bob") as bob:
-        entries = alice.get("audit").json()["entries"]
+        entries = alice.get("audit").json()["items"]
         assert {(e["user"], e["action"], e["target"]) for e in entries} >= {
             ("alice", "submit", "hello"), ("alice", "secret create", "token")}
-        assert bob.get("audit").json()["entries"] == []
+        assert bob.get("audit").json()["items"] == []
         assert alice.get("admin/users").status_code == 403
 
 
@@ -207,7 +208,7 @@ def test_quiet_runs_followers_hold_no_worker_thread_and_leave_nothing_open(serve
         assert server.wait_done("alice", "quiet")["status"] == "STOPPED"
         assert alice.delete("runs/quiet").status_code == 204
         assert alice.get("runs/quiet").status_code == 404
-        actions = [(e["action"], e["target"]) for e in alice.get("audit").json()["entries"][:3]]
+        actions = [(e["action"], e["target"]) for e in alice.get("audit").json()["items"][:3]]
         assert actions == [("delete", "quiet"), ("stop", "quiet"), ("submit", "quiet")]
 
 
@@ -230,11 +231,11 @@ def test_admins_manage_users_and_keys_and_revoked_keys_get_401(server, hello_run
         assert api.get("whoami", headers=first).status_code == 200
         users = {u.name: u for u in accounts.list_users()}
         assert users["carol"].keys == [made.json()["api_key"][:12]] and users["root"].admin
-        audit = [(e["user"], e["action"], e["target"]) for e in api.get("audit", headers=as_root).json()["entries"]]
+        audit = [(e["user"], e["action"], e["target"]) for e in api.get("audit", headers=as_root).json()["items"]]
         assert ("root", "user create", "carol") in audit
 
 
-@pytest.mark.parametrize("query", [{"limit": 1001}, {"limit": 0}, {"offset": -1}, {"q": "x" * 64},
+@pytest.mark.parametrize("query", [{"limit": 1001}, {"limit": 0}, {"cursor": "not-a-cursor"}, {"q": "x" * 64},
                                    {"status": "DANCING"}, {"user": "a..b"}])
 def test_list_bounds_are_refused_in_one_line(server, query) -> None:  # type: ignore[no-untyped-def]
     with server.client("alice") as alice:

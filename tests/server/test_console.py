@@ -124,7 +124,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
 def _stop_active_runs(url: str, key: str) -> None:
     """A failed test must not leave `sleep` runs behind: stop what is still active."""
     try:
-        runs = httpx.get(f"{url}/api/v1/runs", headers=_auth(key), timeout=5).json()["runs"]
+        runs = httpx.get(f"{url}/api/v1/runs", headers=_auth(key), timeout=5).json()["items"]
         for run in runs:
             if run["status"] not in ("COMPLETED", "FAILED", "STOPPED"):
                 httpx.post(f"{url}/api/v1/runs/{run['name']}/stop", headers=_auth(key), timeout=10)

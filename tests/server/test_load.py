@@ -33,8 +33,8 @@ def read_while(server: ServerProcess, done: threading.Event, codes: list[int]) -
             try:
                 page = api.get("runs", params={"limit": 50})
                 codes.append(page.status_code)
-                if page.status_code == 200 and page.json()["runs"]:
-                    codes.append(api.get(f"runs/{page.json()['runs'][0]['name']}").status_code)
+                if page.status_code == 200 and page.json()["items"]:
+                    codes.append(api.get(f"runs/{page.json()['items'][0]['name']}").status_code)
             except httpx.HTTPError:
                 codes.append(0)   # no answer
             done.wait(0.05)
@@ -65,9 +65,9 @@ def test_200_concurrent_runs_of_4_users_end_cleanly_with_nothing_lost(load_serve
         assert {r["status"] for r in runs} == {"COMPLETED", "FAILED"}
     with load_server.client("alice") as alice, load_server.client("dave") as dave:
         red = alice.get("runs", params={"limit": RUNS}).json()
-        assert red["total"] == RUNS // 2 and {r["user"] for r in red["runs"]} == {"alice", "carol"}
+        assert red["total"] == RUNS // 2 and {r["user"] for r in red["items"]} == {"alice", "carol"}
         assert dave.get("runs", params={"limit": 1}).json()["total"] == RUNS // 2
-        assert dave.get(f"runs/{red['runs'][0]['name']}").status_code == 404
+        assert dave.get(f"runs/{red['items'][0]['name']}").status_code == 404
         failed = alice.get(f"runs/{load_spec('alice', FAIL_EVERY - 1, FAIL_EVERY)['name']}").json()
         assert failed["status"] == "FAILED" and failed["first_error"], failed
         assert "\n" not in failed["first_error"].strip() and "Traceback" not in failed["first_error"]

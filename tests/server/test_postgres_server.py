@@ -87,10 +87,10 @@ def test_runs_are_scoped_to_the_team_and_audited(postgres: Postgres, pg_server: 
         assert "hello from postgres" in alice.get("runs/pg-hello/logs").text
         assert bob.get("runs/pg-hello").status_code == 404
         assert bob.get("runs/pg-hello/logs").status_code == 404
-        assert bob.get("runs").json() == {"runs": [], "total": 0}
-        assert [(e["user"], e["action"], e["target"]) for e in alice.get("audit").json()["entries"]
+        assert bob.get("runs").json() == {"items": [], "next_cursor": None, "total": 0}
+        assert [(e["user"], e["action"], e["target"]) for e in alice.get("audit").json()["items"]
                 if e["action"] == "submit"] == [("alice", "submit", "pg-hello")]
-        assert bob.get("audit").json()["entries"] == []
+        assert bob.get("audit").json()["items"] == []
     assert ("alice", "red", "submit", "pg-hello") in sql(postgres, 'SELECT "user", team, action, target FROM audit')
 
 
@@ -105,8 +105,8 @@ def test_a_restarted_server_keeps_its_data(postgres: Postgres, pg_server: Server
         assert alice.get("whoami").json() == {"user": "alice", "team": "red", "admin": False}
         assert bob.get("whoami").json() == {"user": "bob", "team": "blue", "admin": False}
         listed = alice.get("runs").json()
-        assert [(r["name"], r["status"]) for r in listed["runs"]] == [("pg-hello", "COMPLETED")]
-        assert any(e["target"] == "pg-hello" for e in alice.get("audit").json()["entries"])
+        assert [(r["name"], r["status"]) for r in listed["items"]] == [("pg-hello", "COMPLETED")]
+        assert any(e["target"] == "pg-hello" for e in alice.get("audit").json()["items"])
         assert bob.get("runs/pg-hello").status_code == 404
     with pg_server.client() as anonymous:
         assert anonymous.get("runs").status_code == 401

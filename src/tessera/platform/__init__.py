@@ -10,9 +10,7 @@ from typing import TYPE_CHECKING
 
 from tessera.lazy_exports import lazy_exports
 from tessera.platform.api.connection import connect
-from tessera.platform.api.sdk import (
-    Platform,
-    Run,
+from tessera.platform.api.functions import (
     clone_run,
     count_runs,
     create_run,
@@ -27,6 +25,7 @@ from tessera.platform.api.sdk import (
     update_run,
     wait_for_run_status,
 )
+from tessera.platform.api.sdk import Platform
 from tessera.platform.errors import (
     ClusterError,
     PlatformError,
@@ -37,6 +36,7 @@ from tessera.platform.errors import (
     SecretError,
     SpecError,
 )
+from tessera.platform.runs.info import Run
 from tessera.platform.spec.run_spec import RunSpec, load_spec, parse_spec
 
 if TYPE_CHECKING:

@@ -1,18 +1,19 @@
 """What a run reports: its logs (whole, or followed live as server-sent events: log_stream.py), metrics
-and events."""
+and events (a page at a time, oldest first)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 
+from tessera.platform.api.models import PAGE, EventPage, Metrics
 from tessera.platform.api.sdk import Platform
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.log_stream import sse_events
-from tessera.platform.server.params import RunName
+from tessera.platform.server.params import Cursor, Limit, RunName
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 MAX_RANK = 1_000_000
@@ -20,8 +21,9 @@ CHUNK = 64 * 1024
 Index = Annotated[int | None, Query(ge=0, le=MAX_RANK)]
 
 
-@router.get("/{name}/logs", response_class=StreamingResponse,
-            responses={200: {"content": {"text/plain": {}, "text/event-stream": {}}}})
+@router.get("/{name}/logs", response_class=StreamingResponse, responses={200: {
+    "description": "The lines as text, or (follow=1) as server-sent events.",
+    "content": {"text/plain": {"schema": {"type": "string"}}, "text/event-stream": {"schema": {"type": "string"}}}}})
 def run_logs(name: RunName, who: CurrentUser, state: State, platform: TeamPlatform, rank: Index = None,
              resumption: Index = None, follow: bool = False) -> StreamingResponse:
     """follow=0: the lines so far, as text. follow=1: one `data:` event per line until the run ends, then
@@ -54,15 +56,13 @@ def _text(platform: Platform, name: str, rank: int | None, resumption: int | Non
 
 @router.get("/{name}/metrics")
 def run_metrics(name: RunName, platform: TeamPlatform,
-                after: Annotated[int, Query(ge=0, description="`next` of the previous answer.")] = 0
-                ) -> dict[str, Any]:
+                after: Annotated[int, Query(ge=0, description="`next` of the previous answer.")] = 0) -> Metrics:
     rows, offset = platform.run_metrics(name, after)
-    return {"rows": rows, "next": offset}
+    return Metrics(rows=rows, next=offset)
 
 
 @router.get("/{name}/events")
-def run_events(name: RunName, platform: TeamPlatform,
-               after: Annotated[int, Query(ge=0, description="How many events the caller has seen.")] = 0
-               ) -> dict[str, Any]:
-    run = platform.describe_run(name)
-    return {"events": run["events"][after:], "resumptions": run["resumptions"]}
+def run_events(name: RunName, platform: TeamPlatform, cursor: Cursor = None, limit: Limit = PAGE) -> EventPage:
+    """The run's events after `cursor`, oldest first, and its resumptions as they are now. Poll with the
+    last `next_cursor` to get each new event once."""
+    return platform.run_events(name, cursor, limit)

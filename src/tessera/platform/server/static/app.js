@@ -2,7 +2,7 @@
 // form), checks it with /whoami, and routes #/runs, #/runs/NAME and #/clusters to their pages. Each page
 // returns a function that stops its polling and streams when the route changes.
 
-import { api, apiKey, forgetApiKey, onUnauthorized, setApiKey } from "./api.js";
+import { apiKey, forgetApiKey, onUnauthorized, setApiKey, whoami } from "./api.js";
 import { clustersPage } from "./clusters.js";
 import { clear, hideBanner, showBanner } from "./dom.js";
 import { runPage } from "./run.js";
@@ -63,7 +63,7 @@ async function start() {
   }
   let me;
   try {
-    me = await api("/whoami");
+    me = await whoami();
   } catch (error) {
     if (error.status !== 401) showBanner(`Cannot reach the server: ${error.message}`);
     return;   // a 401 already brought the login form back

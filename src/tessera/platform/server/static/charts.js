@@ -2,7 +2,7 @@
 // Key names differ between writers ("loss/train" or "train/loss", "lr" or "lr/opt0"), so each plot
 // takes every numeric key its pattern matches, one line per key.
 
-import { api, runPath } from "./api.js";
+import { runMetrics } from "./api.js";
 import { h, s } from "./dom.js";
 import { linePlot } from "./plot.js";
 
@@ -29,7 +29,7 @@ export class Charts {
   }
 
   async poll() {
-    const data = await api(`${runPath(this.name)}/metrics?after=${this.next}`);
+    const data = await runMetrics(this.name, this.next);
     this.next = data.next;
     if (data.rows.length === 0 && this.rows.length > 0) return;
     this.rows.push(...data.rows);

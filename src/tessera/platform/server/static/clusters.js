@@ -1,7 +1,7 @@
 // #/clusters: each cluster of the team with its provider, GPU types, nodes (state, health, exclusions)
 // and what runs where: the active runs, placed on the nodes of their newest resumption.
 
-import { api, runPath } from "./api.js";
+import { describeCluster, getRun, listClusters } from "./api.js";
 import { clear, every, h, statusBadge } from "./dom.js";
 
 const MAX_PLACED_RUNS = 50;   // runs whose nodes are looked up; beyond that they are listed only
@@ -10,8 +10,7 @@ export function clustersPage(view) {
   const list = h("div", { id: "clusters", class: "stack" });
   clear(view).append(h("div", { class: "page-head" }, h("h1", {}, "Clusters")), list);
   return every(5000, async () => {
-    const data = await api("/clusters");
-    const clusters = Array.isArray(data) ? data : data.clusters || [];
+    const { clusters } = await listClusters();
     const details = await Promise.all(clusters.map((c) => describe(c.name)));
     const placements = await placeRuns(details);
     clear(list).append(...clusters.map((c, i) => clusterCard(c, details[i], placements)));
@@ -21,7 +20,7 @@ export function clustersPage(view) {
 
 async function describe(name) {
   try {
-    return await api(`/clusters/${encodeURIComponent(name)}`);
+    return await describeCluster(name);
   } catch (error) {
     return { error: error.message };
   }
@@ -30,7 +29,7 @@ async function describe(name) {
 // node key "cluster/node" -> [run names], from each active run's newest resumption.
 async function placeRuns(details) {
   const names = details.flatMap((d) => d.active_runs || []).slice(0, MAX_PLACED_RUNS);
-  const runs = await Promise.all(names.map((name) => api(runPath(name)).catch(() => null)));
+  const runs = await Promise.all(names.map((name) => getRun(name).catch(() => null)));
   const where = new Map();
   for (const run of runs.filter(Boolean)) {
     const last = run.resumptions[run.resumptions.length - 1];

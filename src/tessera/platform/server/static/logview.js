@@ -1,7 +1,7 @@
 // A run's live logs: streamed from /runs/NAME/logs?follow=1 (server-sent events read through fetch, so
 // the API key travels in a header), one rank or all, one resumption or the newest and on into the next.
 
-import { runPath, query, streamEvents } from "./api.js";
+import { followLogs } from "./api.js";
 import { clear, h } from "./dom.js";
 
 const MAX_LINES = 5000;   // older lines are dropped so a chatty run cannot exhaust the tab
@@ -39,8 +39,7 @@ export class LogView {
     this.controller = controller;
     clear(this.pre);
     this.state.textContent = "following";
-    const params = query({ rank: this.rank.value, resumption: this.resumption.value, follow: 1 });
-    streamEvents(`${runPath(this.name)}/logs${params}`, {
+    followLogs(this.name, { rank: this.rank.value, resumption: this.resumption.value }, {
       signal: controller.signal,
       onEvent: (type, data) => {
         if (type === "message") this.append(data);

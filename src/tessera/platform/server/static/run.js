@@ -1,7 +1,7 @@
 // #/runs/NAME: the run's status and spec, its buttons (stop, restart, move, clone), live logs,
 // resumption timeline and metric plots. Status, events and metrics are polled every 2 s; logs stream.
 
-import { api, runPath } from "./api.js";
+import { cloneRun, getRun, listClusters, moveRun, restartRun, stopRun } from "./api.js";
 import { ask } from "./ask.js";
 import { Charts } from "./charts.js";
 import { age, clear, clock, every, h, showBanner, statusBadge } from "./dom.js";
@@ -50,29 +50,29 @@ export function runPage(view, name) {
     logs.update(run);
     if (first) logs.start();
   };
-  const act = async (verb, body, message) => {
+  const act = async (verb, request, message) => {
     try {
-      show(await api(`${runPath(name)}/${verb}`, { method: "POST", body }));
+      show(await request());
       showBanner(message, "info");
     } catch (error) {
       showBanner(`${verb} failed: ${error.message}`);
     }
   };
 
-  buttons.stop.addEventListener("click", () => act("stop", {}, `Stopping ${name}.`));
+  buttons.stop.addEventListener("click", () => act("stop", () => stopRun(name), `Stopping ${name}.`));
   buttons.restart.addEventListener("click", async () => {
-    await act("restart", {}, `Restarting ${name}.`);
+    await act("restart", () => restartRun(name), `Restarting ${name}.`);
     logs.start();
   });
   buttons.move.addEventListener("click", async () => {
     const cluster = await ask(`Move ${name}`, "To cluster", { options: await clusterNames() });
-    if (cluster) await act("move", { cluster }, `Moving ${name} to ${cluster}.`);
+    if (cluster) await act("move", () => moveRun(name, cluster), `Moving ${name} to ${cluster}.`);
   });
   buttons.clone.addEventListener("click", async () => {
     const newName = await ask(`Clone ${name}`, "New run name", { value: `${name}-clone` });
     if (!newName) return;
     try {
-      const copy = await api(`${runPath(name)}/clone`, { method: "POST", body: { name: newName } });
+      const copy = await cloneRun(name, newName);
       location.hash = `#/runs/${encodeURIComponent(copy.name)}`;
     } catch (error) {
       showBanner(`clone failed: ${error.message}`);
@@ -80,7 +80,7 @@ export function runPage(view, name) {
   });
 
   const stopPolling = every(2000, async () => {
-    show(await api(runPath(name)));
+    show(await getRun(name));
     await Promise.all([timeline.poll(), charts.poll()]);
   });
   return () => {
@@ -91,8 +91,8 @@ export function runPage(view, name) {
 
 async function clusterNames() {
   try {
-    const data = await api("/clusters");
-    return (Array.isArray(data) ? data : data.clusters || []).map((c) => c.name);
+    const { clusters } = await listClusters();
+    return clusters.map((c) => c.name);
   } catch {
     return [];   // suggestions only: the user can still type a name
   }

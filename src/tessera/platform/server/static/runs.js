@@ -1,13 +1,15 @@
 // #/runs: the team's runs, newest first, filtered by status and a name search, a page at a time (the API's
-// limit/offset), refreshed every 2 s.
+// cursors: Next passes the page's next_cursor, Previous goes back to the cursor the page before was asked
+// with), refreshed every 2 s. Runs submitted meanwhile come before the first page, so no page shifts.
 
-import { api, query } from "./api.js";
+import { listRuns } from "./api.js";
 import { age, clear, every, h, statusBadge } from "./dom.js";
 
 const STATUSES = ["PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING", "COMPLETED", "FAILED", "STOPPED"];
 const PAGE_SIZES = [10, 25, 50, 100];
-// kept while the tab lives, so going back to the list keeps the filter and the page
-const filters = { status: "", q: "", size: 50, offset: 0 };
+// kept while the tab lives, so going back to the list keeps the filter and the page. `cursors` holds the
+// cursor each page up to the current one was asked with (null: the first page).
+const filters = { status: "", q: "", size: 50, cursors: [null] };
 
 export function runsPage(view) {
   const status = h("select", { id: "status-filter", "aria-label": "Status" },
@@ -34,36 +36,41 @@ export function runsPage(view) {
   );
 
   let latest = 0;   // a slow answer to an older filter or page must not overwrite a newer one
+  let nextCursor = null;
   const refresh = async () => {
     const asked = ++latest;
-    const data = await api(`/runs${query({ status: filters.status, q: filters.q, limit: filters.size,
-      offset: filters.offset })}`);
+    const data = await listRuns({ status: filters.status, q: filters.q, limit: filters.size,
+      cursor: filters.cursors[filters.cursors.length - 1] });
     if (asked !== latest) return;
-    if (data.runs.length === 0 && filters.offset > 0) {   // the page emptied (runs deleted): go to the last one
-      filters.offset = Math.max(0, Math.floor((data.total - 1) / filters.size) * filters.size);
-      if (data.total > 0) return refresh();
+    if (data.items.length === 0 && filters.cursors.length > 1) {   // the page emptied (runs deleted): go back
+      filters.cursors.pop();
+      return refresh();
     }
-    render(body, data.runs);
-    count.textContent = countText(data.total, data.runs.length);
-    prev.disabled = filters.offset === 0;
-    next.disabled = filters.offset + data.runs.length >= data.total;
+    render(body, data.items);
+    count.textContent = countText(data.total, data.items.length);
+    prev.disabled = filters.cursors.length === 1;
+    next.disabled = data.next_cursor === null;
+    nextCursor = data.next_cursor;
   };
   const go = (change) => {
     change();
+    nextCursor = null;   // until the new page's answer: a second click must not reuse this page's cursor
     refresh().catch(() => {});
   };
-  status.addEventListener("change", () => go(() => { filters.status = status.value; filters.offset = 0; }));
-  search.addEventListener("input", () => go(() => { filters.q = search.value.trim(); filters.offset = 0; }));
-  size.addEventListener("change", () => go(() => { filters.size = Number(size.value); filters.offset = 0; }));
-  prev.addEventListener("click", () => go(() => { filters.offset = Math.max(0, filters.offset - filters.size); }));
-  next.addEventListener("click", () => go(() => { filters.offset += filters.size; }));
+  const first = () => { filters.cursors = [null]; };
+  status.addEventListener("change", () => go(() => { filters.status = status.value; first(); }));
+  search.addEventListener("input", () => go(() => { filters.q = search.value.trim(); first(); }));
+  size.addEventListener("change", () => go(() => { filters.size = Number(size.value); first(); }));
+  prev.addEventListener("click", () => go(() => { if (filters.cursors.length > 1) filters.cursors.pop(); }));
+  next.addEventListener("click", () => go(() => { if (nextCursor) filters.cursors.push(nextCursor); }));
   return every(2000, refresh);
 }
 
-// "12 runs" when one page holds them all, else "11–12 of 12 runs".
+// "12 runs" when one page holds them all, else "11–12 of 12 runs" (the pages before were full).
 function countText(total, shown) {
-  if (filters.offset === 0 && shown >= total) return `${total} run${total === 1 ? "" : "s"}`;
-  return `${filters.offset + 1}–${filters.offset + shown} of ${total} runs`;
+  const start = (filters.cursors.length - 1) * filters.size;
+  if (start === 0 && shown >= total) return `${total} run${total === 1 ? "" : "s"}`;
+  return `${start + 1}–${start + shown} of ${total} runs`;
 }
 
 function render(body, runs) {

@@ -1,7 +1,8 @@
 // The resumption timeline (every start of the run: why, where, on which nodes, how it ended) and the
-// run's events, from /runs/NAME/events. Events arrive once each (?after=N); resumptions are redrawn.
+// run's events, from /runs/NAME/events. Events arrive once each (each poll passes the cursor the last
+// one gave); resumptions are redrawn.
 
-import { api, runPath } from "./api.js";
+import { runEvents } from "./api.js";
 import { clear, clock, duration, h, statusBadge } from "./dom.js";
 
 const MAX_EVENTS = 2000;
@@ -10,7 +11,7 @@ export class Timeline {
   constructor(name) {
     this.name = name;
     this.events = [];
-    this.seen = 0;   // events received so far: the server's ?after= (the kept list may be trimmed)
+    this.cursor = null;   // where the events received so far end (the kept list may be trimmed)
     this.list = h("ol", { id: "resumption-timeline", class: "timeline" });
     this.eventBody = h("tbody");
     this.element = h("section", { class: "card" },
@@ -24,11 +25,11 @@ export class Timeline {
   }
 
   async poll() {
-    const data = await api(`${runPath(this.name)}/events?after=${this.seen}`);
+    const data = await runEvents(this.name, this.cursor);
     renderResumptions(this.list, data.resumptions || []);
-    if (data.events.length) {
-      this.seen += data.events.length;
-      this.events.push(...data.events);
+    this.cursor = data.next_cursor;
+    if (data.items.length) {
+      this.events.push(...data.items);
       if (this.events.length > MAX_EVENTS) this.events.splice(0, this.events.length - MAX_EVENTS);
       renderEvents(this.eventBody, this.events);
     }
