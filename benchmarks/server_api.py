@@ -11,12 +11,12 @@ at once by 4 users of 2 teams.
    real run that prints 2,000 log lines and 500 metric rows, and each endpoint is called for `--seconds`
    by 1 client and then by `--clients` concurrent clients (threads, one httpx client each, keep-alive):
 
-       list       GET /runs?status=COMPLETED,FAILED&user=hist1&limit=50&offset=<random page of the first 20>
+       list       GET /runs?status=COMPLETED,FAILED&user=hist1&limit=50&cursor=<one of the first 20 pages>
        describe   GET /runs/<a random one of the 10,000>
        logs       GET /runs/<the real run>/logs (follow=0: 2,000 lines)
        metrics    GET /runs/<the real run>/metrics?after=0 (500 rows)
 
-   The same list page, describe and logs through the local SDK (`Platform.list_runs` + `count_runs`,
+   The same list page, describe and logs through the local SDK (`Platform.run_page`,
    `describe_run`, `follow_logs(follow=False)` on the same home, in this process, no HTTP) are the
    reference: there is no runnable anchor for the server itself (SkyPilot's
    API server and MosaicML's control plane cannot be installed here offline as servers).
@@ -143,15 +143,24 @@ def hammer(server: Any, path_of: Any, clients: int, seconds: float) -> dict[str,
             "errors": len(bad)}
 
 
+def page_cursors(platform: Platform) -> list[str | None]:
+    """The cursors of the first PAGES pages of the listed query (the first page's is None)."""
+    cursors: list[str | None] = [None]
+    while len(cursors) < PAGES:
+        cursors.append(platform.run_page(("COMPLETED", "FAILED"), user="hist1", cursor=cursors[-1], limit=50)
+                       .next_cursor)
+    return cursors
+
+
 def sdk_rows(team_home: Path, seconds: float, names: list[str]) -> dict[str, dict[str, Any]]:
     """The list page and the logs through the local SDK on the same home (in this process, one thread,
     no HTTP): what the API adds is the difference."""
     platform, rng = Platform(team_home), random.Random(0)
+    cursors = page_cursors(platform)
 
     def list_page() -> None:
-        runs = platform.list_runs(("COMPLETED", "FAILED"), None, 50, user="hist1", offset=50 * rng.randrange(PAGES))
-        platform.count_runs(("COMPLETED", "FAILED"), user="hist1")
-        assert len(runs) == 50
+        page = platform.run_page(("COMPLETED", "FAILED"), user="hist1", cursor=rng.choice(cursors), limit=50)
+        assert len(page.items) == 50
 
     calls = {"list (local SDK)": list_page,
              "describe (local SDK)": lambda: platform.describe_run(rng.choice(names)),
@@ -174,12 +183,17 @@ def sdk_rows(team_home: Path, seconds: float, names: list[str]) -> dict[str, dic
 
 def measure_api(server: Any, names: list[str], args: argparse.Namespace) -> dict[str, list[dict[str, Any]]]:
     paths = {
-        "list": lambda rng: f"runs?status=COMPLETED,FAILED&user=hist1&limit=50&offset={50 * rng.randrange(PAGES)}",
+        "list": lambda rng: f"runs?status=COMPLETED,FAILED&user=hist1&limit=50&cursor={rng.choice(cursors) or ''}",
         "describe": lambda rng: f"runs/{rng.choice(names)}",
         "logs": lambda rng: "runs/bench-real/logs?follow=0",
         "metrics": lambda rng: "runs/bench-real/metrics?after=0",
     }
     sdk = sdk_rows(server.home / "teams" / "red", args.seconds, names)
+    platform = Platform(server.home / "teams" / "red")
+    try:
+        cursors = page_cursors(platform)
+    finally:
+        platform.close()
     results: dict[str, list[dict[str, Any]]] = {}
     for endpoint, path_of in paths.items():
         if f"{endpoint} (local SDK)" in sdk:
