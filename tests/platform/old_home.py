@@ -59,7 +59,8 @@ def spec(name: str) -> dict[str, Any]:
 
 def build_old_home(home: Path, runs: int, *, version: int = 3, users: bool = True) -> dict[str, list[tuple]]:
     """An old home's state.db with `runs` runs (statuses in turn, two resumptions and three events each),
-    a cluster and a node fault; returns {table: rows as tuples} as written."""
+    a cluster and a node fault; returns {table: rows as tuples} as written, each naming its run by name (ids
+    are the same in every home built here: a store importing two of them must give one of them new ones)."""
     home.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(home / "state.db")
     db.executescript((SCHEMA_V1 if version == 1 else SCHEMA_V3 + LIST_INDEXES_V3) + f"PRAGMA user_version = {version};")
@@ -72,18 +73,18 @@ def build_old_home(home: Path, runs: int, *, version: int = 3, users: bool = Tru
         user = (f"user{i % 3}",) if version >= 3 and users else ()
         db.execute(f"INSERT INTO runs (id, name, spec, status, cluster, created, updated, folder"
                    f"{', user' if user else ''}) VALUES (?, ?, ?, ?, ?, ?, ?, ?{', ?' if user else ''})", row + user)
-        written["runs"].append((run_id, name, status, base + i, user[0] if user else None))
+        written["runs"].append((name, status, base + i, user[0] if user else None))
         for idx in range(2):
             handle = json.dumps({"job_id": str(1000 + i), "pid": 1000 + i, "folder": f"{folder}/r{idx}"})
             db.execute("INSERT INTO resumptions (run_id, idx, cluster, cause, status, job_id, handle, folder, "
                        "submitted, last_beat, events_offset) VALUES (?, ?, 'local', ?, ?, ?, ?, ?, ?, ?, ?)",
                        (run_id, idx, "submitted" if idx == 0 else "retry", "COMPLETED", str(1000 + i), handle,
                         f"{folder}/r{idx}", base + i, json.dumps({"step": idx * 10}), idx * 100))
-            written["resumptions"].append((run_id, idx, f"{folder}/r{idx}", idx * 100))
+            written["resumptions"].append((name, idx, f"{folder}/r{idx}", idx * 100))
         for k in range(3):
             db.execute("INSERT INTO events (run_id, time, kind, message) VALUES (?, ?, ?, ?)",
                        (run_id, base + i + k, f"kind{k}", f"event {k} of {name}"))
-            written["events"].append((run_id, f"kind{k}", f"event {k} of {name}"))
+            written["events"].append((name, f"kind{k}", f"event {k} of {name}"))
     db.execute("INSERT INTO clusters VALUES ('slurm-a', 'slurm', ?, ?)", (json.dumps({"partition": "gpu"}), base))
     db.execute("INSERT INTO node_faults VALUES ('slurm-a', 'n1', 2, 1, 'xid 79', ?)", (base,))
     db.commit()

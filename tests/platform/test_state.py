@@ -9,9 +9,15 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
+from old_home import build_old_home, write_old_secret
 from sqlalchemy import text
+from typer.testing import CliRunner
 
+from tessera.cli.server import app as server_cli
+from tessera.platform.api.sdk import Platform
 from tessera.platform.errors import RunExists
+from tessera.platform.secrets.vault import SecretStore
 from tessera.platform.store.audit import AuditNote, noting, page_entries, settle
 from tessera.platform.store.db import shared_engine, sqlite_url
 from tessera.platform.store.leases import Fence, StaleLease, acquire, lease_of, release, renew
@@ -38,15 +44,15 @@ def test_wal_and_concurrent_writers(tmp_path: Path) -> None:
     run = _record("r", tmp_path)
     db.insert_run(run)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_writer, args=(str(tmp_path), run.id, 100)) for _ in range(3)]
+    procs = [ctx.Process(target=_writer, args=(str(tmp_path), run.id, 50)) for _ in range(3)]
     for p in procs:
         p.start()
-    for _ in range(100):                       # a reader alongside never blocks or sees a torn state
+    for _ in range(50):                        # a reader alongside never blocks or sees a torn state
         assert db.get_run("r").status == PENDING
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    assert len(db.events(run.id)) == 300
+    assert len(db.events(run.id)) == 150
 
 
 def test_node_faults_exclude_after_two_or_at_once_when_hard(tmp_path: Path) -> None:
@@ -134,3 +140,68 @@ def test_leases_fence_a_supervisor_that_lost_its_run(tmp_path: Path) -> None:
     release(engine, "B")
     assert lease_of(engine, run.id) is None
     assert acquire(engine, "A", seconds=30)[0].token == 3               # tokens never repeat
+
+
+# --- homes made by the version before the one store ----------------------------------------------
+
+
+def _store_rows(engine, team: str) -> dict[str, list[tuple]]:  # type: ignore[no-untyped-def]
+    """The rows build_old_home wrote, as the store holds them now."""
+    with engine.connect() as c:
+        return {
+            "runs": [tuple(r) for r in c.execute(text(
+                "SELECT name, status, created, user FROM runs WHERE team = :t ORDER BY created"), {"t": team})],
+            "resumptions": [tuple(r) for r in c.execute(text(
+                "SELECT name, idx, resumptions.folder, events_offset FROM resumptions JOIN runs ON runs.id = run_id "
+                "WHERE team = :t ORDER BY created, idx"), {"t": team})],
+            "events": [tuple(r) for r in c.execute(text(
+                "SELECT name, kind, message FROM events JOIN runs ON runs.id = run_id WHERE events.team = :t "
+                "ORDER BY events.id"), {"t": team})]}
+
+
+@pytest.mark.parametrize("version", [1, 3])
+def test_an_old_home_arrives_whole_on_first_use_and_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        version: int) -> None:
+    """Every run, resumption and event of an old state.db (schema SQL of commit 4c9037a), its cluster, node
+    fault and secret files, in the store at the first use of the home; nothing twice at the next."""
+    key = Fernet.generate_key()
+    monkeypatch.setenv("TESSERA_SECRET_KEY", key.decode())
+    home = tmp_path / "home"
+    written = build_old_home(home, 120, version=version)
+    write_old_secret(home, key, "token", {"API_TOKEN": "old-value-1"})
+    before = (home / "state.db").read_bytes()
+    platform = Platform(home)
+    assert _store_rows(platform.db.engine, "local") == written
+    assert platform.count_runs() == 120 and platform.get_run("old-0007").resumptions[1].last_heartbeat == {"step": 10}
+    assert platform.list_clusters()[1]["partition"] == "gpu" and platform.db.excluded_nodes("slurm-a") == ["n1"]
+    assert platform.secrets.get("token").env() == {"API_TOKEN": "old-value-1"}
+    assert not (home / "secrets").exists()                      # imported, then removed
+    assert (home / "state.db").read_bytes() == before            # the old file is left as it was
+    assert StateDB.local(home).count_runs() == 120 and Platform(home).count_runs() == 120
+
+
+def test_server_migrate_imports_every_team_of_an_old_server_home(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    key = Fernet.generate_key()
+    monkeypatch.setenv("TESSERA_SECRET_KEY", key.decode())
+    server_home = tmp_path / "server"
+    written = {team: build_old_home(server_home / "teams" / team, n) for team, n in (("red", 30), ("blue", 7))}
+    write_old_secret(server_home / "teams" / "red", key, "creds", {"KEY": "red-secret-9"})
+    url = sqlite_url(tmp_path / "server.db")
+    runner = CliRunner()
+    done = runner.invoke(server_cli, ["migrate", "--db", url, "--home", str(server_home)])
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[:2] == [f"team blue: 7 run(s) imported from {server_home}/teams/blue/state.db",
+                                            f"team red: 30 run(s) imported from {server_home}/teams/red/state.db"]
+    engine = shared_engine(url)
+    assert {team: _store_rows(engine, team) for team in written} == written
+    with engine.connect() as c:                                 # the ids both homes used: blue's first
+        assert c.execute(text("SELECT team, COUNT(*) FROM runs WHERE id LIKE '0000000000%' GROUP BY team")).all() \
+            == [("blue", 7), ("red", 23)]
+    assert SecretStore(server_home / "teams" / "red", engine=engine, team="red").get("creds").env() == {"KEY": "red-secret-9"}
+    again = runner.invoke(server_cli, ["migrate", "--db", url, "--home", str(server_home)])
+    assert again.exit_code == 0 and "nothing to import" in again.output, again.output
+    assert StateDB(engine, "red").count_runs() == 30
+    monkeypatch.setenv("TESSERA_SECRET_KEY", Fernet.generate_key().decode())
+    refused = runner.invoke(server_cli, ["migrate", "--db", url, "--home", str(server_home)])
+    assert refused.exit_code == 1 and "is not the key of this store's secrets" in refused.output, refused.output

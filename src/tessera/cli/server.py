@@ -116,7 +116,7 @@ def migrate_store(home: Path = typer.Option(None, "--home", help=HOME_HELP),
         migrate(engine)
         use_server_secret_key(settings.home)
         claim_secrets_key(engine, settings.home)
-        imported = TeamPlatforms(engine, settings.home).import_old_homes()
+        imported = TeamPlatforms(engine, settings.home, artifacts_url=settings.artifacts_url).import_old_homes()
     except (PlatformError, ValueError, OSError) as exc:
         fail(f"cannot migrate {safe_url(settings.db_url)}: {exc}")
         raise   # not reached: fail() exits

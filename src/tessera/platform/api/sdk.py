@@ -1,14 +1,10 @@
-"""The Python SDK: everything `tessera run|cluster|secret` does, as functions.
+"""`Platform`: everything `tessera run|cluster|secret` does, in this process, over the store: one of the
+two implementations of the platform's interface (api/interface.py); the server's remote client
+(`RemotePlatform`) is the other, with the same methods and the same returns. The module-level functions
+(`create_run`, `follow_logs`, ...) are in api/functions.py.
 
-    from tessera.platform import create_run, wait_for_run_status, follow_logs
-    run = create_run("run.yaml")                       # a path, a YAML string, a dict or a RunSpec
-    wait_for_run_status(run.name, "RUNNING")
-    for line in follow_logs(run.name):
-        print(line)
-
-Every function takes `home=` (default: $TESSERA_HOME or ~/.tessera). Actions that need watching (create,
-stop, move, restart, delete) start the supervisor if it is not running; it keeps going after this process
-exits. The server's remote client (`RemotePlatform`) has the same methods, with the same returns.
+Actions that need watching (create, stop, move, restart, delete) start the supervisor if it is not
+running; it keeps going after this process exits.
 """
 
 from __future__ import annotations
@@ -16,11 +12,15 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import Engine
+
 from tessera.platform.api.inputs import as_spec, os_user, run_statuses
+from tessera.platform.api.models import PAGE, EventPage, RunPage
 from tessera.platform.clusters import CLUSTER_TYPES, LOCAL, ClusterBackend, NodeInfo, make_backend
 from tessera.platform.errors import (
     ClusterError,
@@ -33,12 +33,17 @@ from tessera.platform.errors import (
 )
 from tessera.platform.home import tessera_home
 from tessera.platform.runs import logs
+from tessera.platform.runs.artifacts import ArtifactStore, artifacts_url
 from tessera.platform.runs.folder import move_away, write_run_folder, write_spec
-from tessera.platform.runs.info import Resumption, Run
-from tessera.platform.runs.metrics import read_metrics
+from tessera.platform.runs.info import Event, Resumption, Run
+from tessera.platform.runs.shipping import adopt_history
 from tessera.platform.secrets.vault import SecretStore
 from tessera.platform.spec.edits import cloned_spec, updated_scheduling
 from tessera.platform.spec.run_spec import RunSpec, validate_name
+from tessera.platform.store.homes import LOCAL_TEAM, home_engine
+from tessera.platform.store.leases import lease_of
+from tessera.platform.store.metric_points import read_points
+from tessera.platform.store.paging import encode_cursor
 from tessera.platform.store.state import (
     ACTIVE,
     PENDING,
@@ -55,15 +60,26 @@ STOP_MARGIN = 30.0   # seconds beyond a run's stop_grace that delete_run waits f
 
 
 class Platform:
-    """The platform of one TESSERA_HOME."""
+    """One team's platform. `Platform(home)` is the standalone CLI's: team "local" in the home's own store
+    (`$TESSERA_HOME/store.db`), supervised by the home's detached supervisor, which an action that needs
+    watching starts if it is not running. A server makes `Platform(team_home, engine=E, team=T,
+    supervise=wake)`: the team's view of the server's store, supervised by the replicas (`wake` tells
+    this replica's supervision thread to look now); `home` is then where this replica keeps the team's
+    run folders."""
 
-    def __init__(self, home: str | Path | None = None) -> None:
+    def __init__(self, home: str | Path | None = None, *, engine: Engine | None = None, team: str = LOCAL_TEAM,
+                 supervise: Callable[[], object] | None = None, artifacts: ArtifactStore | None = None) -> None:
         self.home = tessera_home(home)
-        self.db = StateDB(self.home)
-        self.secrets = SecretStore(self.home)
+        self.team = team
+        # run files, logs and metrics (runs/artifacts.py): the server's root, else a folder in the home
+        self.artifacts = artifacts or ArtifactStore.open(artifacts_url(self.home), team)
+        engine = engine if engine is not None else home_engine(self.home)
+        self.db = StateDB(engine, team)
+        self.secrets = SecretStore(self.home, engine=engine, team=team)
+        self._supervise = supervise or (lambda: ensure_supervisor(self.home))
 
     def close(self) -> None:
-        self.db.close()
+        """Nothing to release (the store's engine is shared); kept for callers that close what they open."""
 
     # --- clusters ---------------------------------------------------------------------------------
 
@@ -147,9 +163,9 @@ class Platform:
                            now, now, str(folder), workdir=str(Path(workdir or Path.cwd()).resolve()),
                            next_cause="submitted", user=user or os_user())
         self.db.insert_run(record, event=f"run created for cluster {cluster}",
-                           publish=lambda: write_run_folder(folder, spec))
+                           publish=lambda: write_run_folder(folder, spec, self.artifacts, record.id))
         if supervise:
-            ensure_supervisor(self.home)
+            self._supervise()
         return self.get_run(record.id)
 
     def _record(self, name: str) -> RunRecord:
@@ -163,13 +179,12 @@ class Platform:
         return Run.from_record(r, self.db.resumptions(r.id), self.db.events(r.id))
 
     def list_runs(self, status: str | Iterable[str] | None = None, cluster: str | None = None,
-                  limit: int | None = None, *, user: str | None = None, offset: int = 0,
-                  q: str | None = None) -> list[Run]:
-        """Runs newest first, filtered by status, cluster, user and `q` (part of the name); a page of
-        `limit` after `offset`. Resumptions and events come in two queries for the whole page."""
-        if offset < 0 or (limit is not None and limit < 0):
-            raise ValueError(f"limit and offset must be >= 0 (got limit={limit}, offset={offset})")
-        records = self.db.list_runs(run_statuses(status), cluster, limit, user=user, offset=offset, q=q)
+                  limit: int | None = None, *, user: str | None = None, q: str | None = None) -> list[Run]:
+        """The newest `limit` runs (all without one), filtered by status, cluster, user and `q` (part of
+        the name). Resumptions and events come in two queries for the whole list."""
+        if limit is not None and limit < 0:
+            raise ValueError(f"limit must be >= 0 (got {limit})")
+        records = self.db.list_runs(run_statuses(status), cluster, limit, user=user, q=q)
         ids = [r.id for r in records]
         resumptions, events = self.db.resumptions_of(ids), self.db.events_of(ids)
         return [Run.from_record(r, resumptions[r.id], events[r.id]) for r in records]
@@ -180,11 +195,24 @@ class Platform:
         return self.db.count_runs(run_statuses(status), cluster, user=user, q=q)
 
     def run_summaries(self, status: str | Iterable[str] | None = None, cluster: str | None = None,
-                      limit: int | None = None, *, user: str | None = None, offset: int = 0,
-                      q: str | None = None) -> tuple[list[dict[str, Any]], int]:
-        """(a summary row per run of the page, how many match): what `run list` and the console show."""
-        rows = [run.summary() for run in self.list_runs(status, cluster, limit, user=user, offset=offset, q=q)]
+                      limit: int | None = None, *, user: str | None = None, q: str | None = None
+                      ) -> tuple[list[dict[str, Any]], int]:
+        """(a summary row per run, how many match): what `run list` shows."""
+        rows = [run.summary() for run in self.list_runs(status, cluster, limit, user=user, q=q)]
         return rows, self.count_runs(status, cluster, user=user, q=q)
+
+    def run_page(self, status: str | Iterable[str] | None = None, cluster: str | None = None, *,
+                 user: str | None = None, q: str | None = None, cursor: str | None = None,
+                 limit: int = PAGE) -> RunPage:
+        """A page of run summaries, newest first, and the cursor of the next (None after the last): what
+        the API's runs list and the console show. Runs submitted meanwhile never shift a page."""
+        statuses = run_statuses(status)
+        records, next_cursor = self.db.page_runs(statuses, cluster, user=user, q=q, cursor=cursor, limit=limit)
+        ids = [r.id for r in records]
+        resumptions, events = self.db.resumptions_of(ids), self.db.events_of(ids)
+        items = [Run.from_record(r, resumptions[r.id], events[r.id]).summary() for r in records]
+        return RunPage.model_validate({"items": items, "next_cursor": next_cursor,
+                                       "total": self.db.count_runs(statuses, cluster, user=user, q=q)})
 
     def wait_for_run_status(self, name: str, status: str | Iterable[str], timeout: float | None = None,
                             poll: float = 0.25) -> Run:
@@ -214,7 +242,7 @@ class Platform:
         record = self._record(name)
         self.db.request(record.id, request, arg)
         self.db.add_event(record.id, "request", f"{request} requested" + (f" ({arg})" if arg else ""))
-        ensure_supervisor(self.home)
+        self._supervise()
         return self.get_run(record.id)
 
     def stop_run(self, name: str) -> Run:
@@ -247,7 +275,7 @@ class Platform:
                                not_before=None, cluster=cluster or record.cluster,
                                next_cause="restarted on request")
             self.db.add_event(record.id, "restart", "restart requested")
-            ensure_supervisor(self.home)
+            self._supervise()
             return self.get_run(name)
         if cluster and cluster != record.cluster:
             return self._request(name, "move", cluster)
@@ -270,6 +298,7 @@ class Platform:
         trash = folder.with_name(f".deleted-{record.id}")
         if not self.db.delete_run(record.id, unpublish=(lambda: move_away(folder, trash)) if ours else None):
             raise RunNotFound(f"no run named {name!r}: it was deleted meanwhile")
+        self.artifacts.delete_run(record.id)
         if ours:
             shutil.rmtree(trash, ignore_errors=True)
         if ours and trash.exists():
@@ -288,7 +317,7 @@ class Platform:
             changes.extend(made)
             return spec.model_dump(mode="json") if made else None
 
-        if self.db.edit_spec(record.id, edit, lambda new: write_spec(Path(record.folder), RunSpec.model_validate(new))):
+        if self.db.edit_spec(record.id, edit, lambda new: write_spec(Path(record.folder), RunSpec.model_validate(new), self.artifacts, record.id)):
             self.db.add_event(record.id, "updated", "scheduling updated: " + ", ".join(changes))
         return self.get_run(name)
 
@@ -303,94 +332,46 @@ class Platform:
         return self.create_run(spec, workdir=record.workdir, user=user, run_id=run_id)
 
     def run_metrics(self, name: str, after: int = 0) -> tuple[list[dict[str, Any]], int]:
-        """(metric rows the run reported after byte offset `after`, secret values masked as in its logs;
-        the offset to pass next time)."""
-        return read_metrics(self._record(name).folder, self.secrets.redactor(), after)
+        """(metric rows the run reported after point `after`, secret values masked as in its logs; the
+        point to pass next time). Its supervisor stores them as they are shipped (store/metric_points.py)."""
+        rows, position = read_points(self.db, self._record(name).id, after)
+        redact = self.secrets.redactor()
+        return [redact.json(row) for row in rows], position
 
     # --- logs -------------------------------------------------------------------------------------
 
     def log_files(self, name: str, rank: int | None = None, resumption: int | None = None
                   ) -> tuple[Run, Resumption | None, list[logs.LogFile]]:
-        """(run, resumption, [(node rank, log file, torchrun prefix to keep or None)])."""
+        """(run, resumption, [(node rank, its log in the artifacts store, torchrun prefix to keep or None)])."""
         run = self.get_run(name)
-        res, files = logs.log_files(run, rank, resumption)
+        adopt_history(self.artifacts, run.id, lambda: run, self.secrets.redactor)   # a run of an old home
+        res, files = logs.log_files(self.artifacts, run, rank, resumption)
         return run, res, files
 
     def follow_logs(self, name: str, rank: int | None = None, resumption: int | None = None,
                     follow: bool = True, poll: float = 0.25) -> Iterator[str]:
         """Lines of the run's logs (secret values replaced by ****). With several nodes and no rank, each
         line starts with "[node R] ". Following continues into later resumptions until the run ends."""
-        yield from logs.follow(lambda: self.get_run(name), self.secrets.redactor(), rank, resumption, follow,
-                               poll)
+        run = self.get_run(name)
+        adopt_history(self.artifacts, run.id, lambda: run, self.secrets.redactor)   # a run of an old home
+        yield from logs.follow(self.artifacts, lambda: self.get_run(name), self.secrets.redactor(), rank,
+                               resumption, follow, poll)
 
     def describe_run(self, name: str) -> dict[str, Any]:
         """Everything `run describe` shows; passes through the redactor as a last guard."""
         redact = self.secrets.redactor()
-        return json.loads(redact(json.dumps(self.get_run(name).to_dict())))
+        run = self.get_run(name)
+        described = run.to_dict()
+        lease = lease_of(self.db.engine, run.id)
+        described["supervisor"] = {"replica": lease[0], "lease_expires": lease[1]} if lease else None
+        return json.loads(redact(json.dumps(described)))
 
-
-# --- module-level functions (the MCLI-style SDK) ---------------------------------------------------
-
-
-def _platform(home: str | Path | None) -> Platform:
-    return Platform(home)
-
-
-def create_run(spec: RunSpec | dict[str, Any] | str | Path, *, cluster: str | None = None,
-               home: str | Path | None = None, workdir: str | Path | None = None, user: str | None = None) -> Run:
-    return _platform(home).create_run(spec, cluster=cluster, workdir=workdir, user=user)
-
-
-def get_run(name: str, *, home: str | Path | None = None) -> Run:
-    return _platform(home).get_run(name)
-
-
-def list_runs(status: str | Iterable[str] | None = None, *, cluster: str | None = None, limit: int | None = None,
-              user: str | None = None, offset: int = 0, q: str | None = None,
-              home: str | Path | None = None) -> list[Run]:
-    return _platform(home).list_runs(status, cluster, limit, user=user, offset=offset, q=q)
-
-
-def count_runs(status: str | Iterable[str] | None = None, *, cluster: str | None = None, user: str | None = None,
-               q: str | None = None, home: str | Path | None = None) -> int:
-    return _platform(home).count_runs(status, cluster, user=user, q=q)
-
-
-def wait_for_run_status(name: str, status: str | Iterable[str], timeout: float | None = None, *,
-                        home: str | Path | None = None) -> Run:
-    return _platform(home).wait_for_run_status(name, status, timeout)
-
-
-def follow_logs(name: str, *, rank: int | None = None, resumption: int | None = None, follow: bool = True,
-                home: str | Path | None = None) -> Iterator[str]:
-    return _platform(home).follow_logs(name, rank, resumption, follow)
-
-
-def stop_run(name: str, *, home: str | Path | None = None) -> Run:
-    return _platform(home).stop_run(name)
-
-
-def move_run(name: str, cluster: str, *, home: str | Path | None = None) -> Run:
-    return _platform(home).move_run(name, cluster)
-
-
-def restart_run(name: str, *, cluster: str | None = None, home: str | Path | None = None) -> Run:
-    return _platform(home).restart_run(name, cluster)
-
-
-def delete_run(name: str, *, home: str | Path | None = None) -> None:
-    _platform(home).delete_run(name)
-
-
-def update_run(name: str, *, priority: str | None = None, max_duration: float | str | None = None,
-               max_retries: int | None = None, home: str | Path | None = None) -> Run:
-    return _platform(home).update_run(name, priority=priority, max_duration=max_duration, max_retries=max_retries)
-
-
-def clone_run(name: str, new_name: str, *, cluster: str | None = None, gpus: int | None = None,
-              home: str | Path | None = None) -> Run:
-    return _platform(home).clone_run(name, new_name, cluster=cluster, gpus=gpus)
-
-
-def run_metrics(name: str, after: int = 0, *, home: str | Path | None = None) -> tuple[list[dict[str, Any]], int]:
-    return _platform(home).run_metrics(name, after)
+    def run_events(self, name: str, cursor: str | None = None, limit: int = PAGE) -> EventPage:
+        """The run's events after `cursor`, oldest first (the cursor of the last one given, to poll with),
+        and its resumptions as they are now; passed through the redactor as `describe_run` is."""
+        record = self._record(name)
+        found, more = self.db.page_events(record.id, cursor=cursor, limit=limit)
+        page = {"items": [asdict(Event.from_record(e)) for e in found],
+                "next_cursor": more or (encode_cursor(found[-1].id) if found else cursor),
+                "resumptions": [asdict(Resumption.from_record(r)) for r in self.db.resumptions(record.id)]}
+        return EventPage.model_validate_json(self.secrets.redactor()(json.dumps(page)))

@@ -58,7 +58,9 @@ class Accounts:
     @contextmanager
     def _change(self) -> Iterator[Session]:
         with carrying() as carry, self.sessions.begin() as s:
-            carry(s.connection())
+            # the write lock first (SQLite: BEGIN IMMEDIATE, store/db.py): a transaction that read first
+            # could not take it later when another writer committed meanwhile
+            carry(s.connection(execution_options={"write": True}))
             yield s
 
     def create_team(self, name: str) -> str:

@@ -4,9 +4,10 @@ CLI's `$TESSERA_HOME/state.db`, or a server's `teams/<team>/state.db`), at `PRAG
 Every row of its clusters, runs, resumptions, events and node faults is copied into the store as the
 team's, in one transaction, and the settings table records that this file was imported, so it is done
 once (the old file is left where it is, untouched). Columns are read by name, so every old version is read
-alike: what a version lacks (version 1 has no `runs.user`) takes its default. A run whose id the store
-has already is skipped (nothing is imported twice); a run whose name the team already uses for another
-run is kept under the name plus its id, so no run is lost.
+alike: what a version lacks (version 1 has no `runs.user`) takes its default. A run whose id the team has
+already is skipped (nothing is imported twice); one whose id another team's run has gets a new id (ids
+are unique in the store, they were only per home); one whose name the team already uses for another run
+is kept under the name plus its id, so no run is lost.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from sqlalchemy import Connection, Engine, Table, insert, select
 from tessera.platform.store.db import writing
 from tessera.platform.store.meta import get_setting, put_setting
 from tessera.platform.store.models import clusters, events, node_faults, resumptions, runs
+from tessera.platform.store.records import new_run_id
 
 STATE_FILE = "state.db"
 BATCH = 500
@@ -79,21 +81,22 @@ def _insert(c: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
 
 
 def _copy(old: sqlite3.Connection, c: Connection, team: str) -> int:
-    known_ids = set(c.execute(select(runs.c.id)).scalars())
+    ours = set(c.execute(select(runs.c.id).where(runs.c.team == team)).scalars())
+    others = set(c.execute(select(runs.c.id).where(runs.c.team != team)).scalars())
     taken_names = set(c.execute(select(runs.c.name).where(runs.c.team == team)).scalars())
-    new_runs = []
+    new_runs, ids = [], {}
     for row in _rows(old, "runs", "created, rowid"):
-        if row["id"] in known_ids:
+        if row["id"] in ours:                      # this run is in the team already
             continue
+        ids[row["id"]] = new_run_id() if row["id"] in others else row["id"]   # ids are unique across teams
         if row["name"] in taken_names:
             row["name"] = f"{row['name']}-{row['id']}"
         taken_names.add(row["name"])
-        new_runs.append({**row, "team": team, "user": row.get("user")})
+        new_runs.append({**row, "id": ids[row["id"]], "team": team, "user": row.get("user"), "metrics_next": 0})
     _insert(c, runs, new_runs)
-    ids = {r["id"] for r in new_runs}
-    _insert(c, resumptions, [{"metrics_offset": 0, **r} for r in _rows(old, "resumptions", "run_id, idx")
+    _insert(c, resumptions, [{**r, "run_id": ids[r["run_id"]]} for r in _rows(old, "resumptions", "run_id, idx")
                              if r["run_id"] in ids])
-    _insert(c, events, [{**{k: v for k, v in r.items() if k != "id"}, "team": team}
+    _insert(c, events, [{**{k: v for k, v in r.items() if k != "id"}, "run_id": ids[r["run_id"]], "team": team}
                         for r in _rows(old, "events", "id") if r["run_id"] in ids])
     have_clusters = set(c.execute(select(clusters.c.name).where(clusters.c.team == team)).scalars())
     _insert(c, clusters, [{**r, "team": team} for r in _rows(old, "clusters", "name") if r["name"] not in have_clusters])

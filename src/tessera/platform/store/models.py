@@ -114,6 +114,7 @@ runs = Table(
     Column("workdir", Text),
     Column("next_cause", Text),
     Column("user", String(NAME)),
+    Column("metrics_next", Integer, nullable=False, default=0),   # where ingesting its metrics goes on
     UniqueConstraint("team", "name", name="uq_runs_team_name"),
     # a page of the runs list reads an index in order instead of sorting every run of the team
     Index("ix_runs_team_created", "team", "created", "id"),
@@ -146,7 +147,6 @@ resumptions = Table(
     Column("stop_reason", String(32)),
     Column("first_beat", Text),
     Column("events_offset", Integer, nullable=False, default=0),
-    Column("metrics_offset", Integer, nullable=False, default=0),
 )
 
 events = Table(

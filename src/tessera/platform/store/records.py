@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,10 @@ ALL_STATUSES = ACTIVE + TERMINAL
 # A resumption's status while the supervisor submits it: the row is written before the job exists, so a
 # supervisor that dies between submitting and recording the job id finds the job again (submission.py).
 SUBMITTING = "SUBMITTING"
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
 
 
 @dataclass
@@ -47,6 +52,7 @@ class RunRecord:
     workdir: str | None = None
     next_cause: str | None = None
     user: str | None = None          # who submitted it (the OS user locally, the API user on a server)
+    metrics_next: int = 0            # the position in its shipped metrics the store has ingested up to
 
 
 @dataclass
@@ -73,7 +79,6 @@ class ResumptionRecord:
     stop_reason: str | None = None
     first_beat: dict[str, Any] | None = None
     events_offset: int = 0
-    metrics_offset: int = 0    # bytes of the run folder's metrics file ingested (state.add_metrics)
 
 
 @dataclass

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -51,6 +50,7 @@ from tessera.platform.store.records import (
     columns,
     encode,
     from_row,
+    new_run_id,
 )
 
 __all__ = ["ACTIVE", "ALL_STATUSES", "COMPLETED", "FAILED", "PENDING", "QUEUED", "RUNNING", "STARTING",
@@ -58,11 +58,11 @@ __all__ = ["ACTIVE", "ALL_STATUSES", "COMPLETED", "FAILED", "PENDING", "QUEUED",
            "RunRecord", "StateDB", "new_run_id"]
 
 
-def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
-
-
 _CHUNK = 500   # run ids per IN (...) query
+
+
+class _NothingDeleted(Exception):
+    """Rolls back a DELETE that found nothing (StateDB._delete)."""
 
 
 def _name_taken(exc: IntegrityError, table: str) -> bool:
@@ -102,7 +102,7 @@ class StateDB:
                 self.fence.check(c, run_id)
             yield c
 
-    def _read(self, query: Any) -> list[Any]:
+    def fetch(self, query: Any) -> list[Any]:
         with reading(self.engine) as c:
             return list(c.execute(query).mappings())
 
@@ -120,17 +120,28 @@ class StateDB:
             raise ClusterError(f"cluster {name!r} exists; remove it first (tessera cluster remove {name})") from None
 
     def get_cluster(self, name: str) -> ClusterRecord | None:
-        rows = self._read(select(clusters).where(clusters.c.team == self.team, clusters.c.name == name))
+        rows = self.fetch(select(clusters).where(clusters.c.team == self.team, clusters.c.name == name))
         return from_row(ClusterRecord, rows[0]) if rows else None
 
     def list_clusters(self) -> list[ClusterRecord]:
-        rows = self._read(select(clusters).where(clusters.c.team == self.team).order_by(clusters.c.name))
+        rows = self.fetch(select(clusters).where(clusters.c.team == self.team).order_by(clusters.c.name))
         return [from_row(ClusterRecord, r) for r in rows]
 
     def remove_cluster(self, name: str) -> bool:
-        with self.write() as c:
-            done = c.execute(delete(clusters).where(clusters.c.team == self.team, clusters.c.name == name))
-            return done.rowcount > 0
+        return self._delete(delete(clusters).where(clusters.c.team == self.team, clusters.c.name == name))
+
+    def _delete(self, statement: Any, then: Callable[[], None] | None = None) -> bool:
+        """Run a DELETE (and `then`, in its transaction); False, with the transaction rolled back, when it
+        deleted nothing: the audit entry it carried goes with it (a refused change leaves none)."""
+        try:
+            with self.write() as c:
+                if c.execute(statement).rowcount == 0:
+                    raise _NothingDeleted
+                if then:
+                    then()
+        except _NothingDeleted:
+            return False
+        return True
 
     # --- runs -------------------------------------------------------------------------------------
 
@@ -160,7 +171,7 @@ class StateDB:
     def get_run(self, name_or_id: str) -> RunRecord | None:
         query = (select(runs).where(runs.c.team == self.team, (runs.c.name == name_or_id) | (runs.c.id == name_or_id))
                  .order_by((runs.c.name == name_or_id).desc()).limit(1))
-        rows = self._read(query)
+        rows = self.fetch(query)
         return from_row(RunRecord, rows[0]) if rows else None
 
     def get_runs(self, run_ids: list[str]) -> list[RunRecord]:
@@ -168,7 +179,7 @@ class StateDB:
         found: list[RunRecord] = []
         for start in range(0, len(run_ids), _CHUNK):
             query = select(runs).where(runs.c.team == self.team, runs.c.id.in_(run_ids[start:start + _CHUNK]))
-            found += [from_row(RunRecord, r) for r in self._read(query)]
+            found += [from_row(RunRecord, r) for r in self.fetch(query)]
         return sorted(found, key=lambda r: (r.created, r.id))
 
     def _filter(self, query: Any, statuses: tuple[str, ...] | None, cluster: str | None, user: str | None,
@@ -194,7 +205,7 @@ class StateDB:
             query = query.limit(int(limit))
         if offset:
             query = query.offset(int(offset))
-        return [from_row(RunRecord, r) for r in self._read(query)]
+        return [from_row(RunRecord, r) for r in self.fetch(query)]
 
     def page_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
                   user: str | None = None, q: str | None = None, cursor: str | None = None,
@@ -206,25 +217,21 @@ class StateDB:
             created, run_id = decode_cursor(cursor, (float, str))
             query = query.where((runs.c.created < created) | ((runs.c.created == created) & (runs.c.id < run_id)))
         query = query.order_by(runs.c.created.desc(), runs.c.id.desc()).limit(check_limit(limit) + 1)
-        records = [from_row(RunRecord, r) for r in self._read(query)]
+        records = [from_row(RunRecord, r) for r in self.fetch(query)]
         more = len(records) > limit
         records = records[:limit]
         return records, encode_cursor(records[-1].created, records[-1].id) if more else None
 
     def count_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
                    user: str | None = None, q: str | None = None) -> int:
-        rows = self._read(self._filter(select(func.count().label("n")).select_from(runs), statuses, cluster, user, q))
+        rows = self.fetch(self._filter(select(func.count().label("n")).select_from(runs), statuses, cluster, user, q))
         return int(rows[0]["n"])
 
     def delete_run(self, run_id: str, *, unpublish: Callable[[], None] | None = None) -> bool:
         """Forget a run; its resumptions, events, metrics and lease go with it (ON DELETE CASCADE).
         `unpublish` (moving the run's folder out of the way) runs inside the transaction: once the name is
         free again, a new run of that name may write its folder, which a late removal must not reach."""
-        with self.write() as c:
-            deleted = c.execute(delete(runs).where(runs.c.team == self.team, runs.c.id == run_id)).rowcount > 0
-            if deleted and unpublish:
-                unpublish()
-            return deleted
+        return self._delete(delete(runs).where(runs.c.team == self.team, runs.c.id == run_id), unpublish)
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         fields.setdefault("updated", time.time())
@@ -279,7 +286,7 @@ class StateDB:
             c.execute(delete(resumptions).where(resumptions.c.run_id == run_id, resumptions.c.idx == idx))
 
     def resumptions(self, run_id: str) -> list[ResumptionRecord]:
-        rows = self._read(select(resumptions).where(resumptions.c.run_id == run_id).order_by(resumptions.c.idx))
+        rows = self.fetch(select(resumptions).where(resumptions.c.run_id == run_id).order_by(resumptions.c.idx))
         return [from_row(ResumptionRecord, r) for r in rows]
 
     def resumptions_of(self, run_ids: list[str]) -> dict[str, list[ResumptionRecord]]:
@@ -287,7 +294,7 @@ class StateDB:
         return self._records_of(ResumptionRecord, resumptions, run_ids, resumptions.c.idx)
 
     def current_resumption(self, run_id: str) -> ResumptionRecord | None:
-        rows = self._read(select(resumptions).where(resumptions.c.run_id == run_id)
+        rows = self.fetch(select(resumptions).where(resumptions.c.run_id == run_id)
                           .order_by(resumptions.c.idx.desc()).limit(1))
         return from_row(ResumptionRecord, rows[0]) if rows else None
 
@@ -307,7 +314,7 @@ class StateDB:
             pass
 
     def events(self, run_id: str, after_id: int = 0) -> list[EventRecord]:
-        rows = self._read(select(events).where(events.c.run_id == run_id, events.c.id > after_id).order_by(events.c.id))
+        rows = self.fetch(select(events).where(events.c.run_id == run_id, events.c.id > after_id).order_by(events.c.id))
         return [from_row(EventRecord, r) for r in rows]
 
     def events_of(self, run_ids: list[str]) -> dict[str, list[EventRecord]]:
@@ -326,7 +333,7 @@ class StateDB:
             (last,) = decode_cursor(cursor, (int,))
             query = query.where(events.c.id > last)
         records = [from_row(EventRecord, r) for r in
-                   self._read(query.order_by(events.c.id).limit(check_limit(limit) + 1))]
+                   self.fetch(query.order_by(events.c.id).limit(check_limit(limit) + 1))]
         more = len(records) > limit
         records = records[:limit]
         return records, encode_cursor(records[-1].id) if more else None
@@ -336,7 +343,7 @@ class StateDB:
         out: dict[str, list[Any]] = {i: [] for i in run_ids}
         for start in range(0, len(run_ids), _CHUNK):
             chunk = run_ids[start:start + _CHUNK]
-            for row in self._read(select(table).where(table.c.run_id.in_(chunk)).order_by(table.c.run_id, order)):
+            for row in self.fetch(select(table).where(table.c.run_id.in_(chunk)).order_by(table.c.run_id, order)):
                 out[row["run_id"]].append(from_row(cls, row))
         return out
 
@@ -365,7 +372,7 @@ class StateDB:
         return faults, excluded
 
     def node_faults(self, cluster: str) -> list[dict[str, Any]]:
-        rows = self._read(select(node_faults).where(node_faults.c.team == self.team, node_faults.c.cluster == cluster)
+        rows = self.fetch(select(node_faults).where(node_faults.c.team == self.team, node_faults.c.cluster == cluster)
                           .order_by(node_faults.c.node))
         return [{k: v for k, v in r.items() if k != "team"} for r in rows]
 
@@ -373,7 +380,5 @@ class StateDB:
         return [r["node"] for r in self.node_faults(cluster) if r["excluded"]]
 
     def clear_node(self, cluster: str, node: str) -> bool:
-        with self.write() as c:
-            done = c.execute(delete(node_faults).where(node_faults.c.team == self.team,
-                                                       node_faults.c.cluster == cluster, node_faults.c.node == node))
-            return done.rowcount > 0
+        return self._delete(delete(node_faults).where(node_faults.c.team == self.team, node_faults.c.cluster == cluster,
+                                                      node_faults.c.node == node))

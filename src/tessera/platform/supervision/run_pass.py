@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from tessera.platform.clusters import ClusterBackend, JobState, JobStatus
+from tessera.platform.runs.metrics import read_metrics
 from tessera.platform.runs.progress import describe_event, events_path, read_events, read_heartbeat
+from tessera.platform.secrets.redaction import Redactor
 from tessera.platform.spec.run_spec import RunSpec, format_duration
+from tessera.platform.store.metric_points import add_points
 from tessera.platform.store.state import (
     COMPLETED,
     PENDING,
@@ -37,6 +40,7 @@ from tessera.platform.supervision.retries import log_tail, resumption_failed
 from tessera.platform.supervision.submission import start_resumption
 
 REQUESTS = ("stop", "move", "restart")   # what the CLI/SDK may ask of an active run
+UNMASKED = Redactor([])                  # API keys only: the shipped rows are masked already
 GPU_SCAN_TAIL = 16 * 1024                # bytes of each node's log scanned for GPU faults at every pass
 
 
@@ -59,6 +63,7 @@ def step(ctx: SupervisorContext, run: RunRecord) -> None:
     folder = Path(res.folder)
     _read_progress(ctx, run, res, folder, changes, now)
     ship_output(ctx, run, res, final=status.state.done)   # all of it before the end is recorded
+    ingest_metrics(ctx, run)
 
     if not status.state.done:
         _while_running(ctx, run, res, spec, backend, handle, status.state, folder, changes, now)
@@ -77,6 +82,14 @@ def ship_output(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, f
     backend, folder = ctx.backend(res.cluster), Path(res.folder)
     logs = [backend.log_path(folder, node) for node in range(spec.compute.nodes)]
     ctx.shipper.ship_resumption(ctx.artifacts, run.id, res.idx, folder, logs, ctx.secrets.redactor, final)
+
+
+def ingest_metrics(ctx: SupervisorContext, run: RunRecord) -> None:
+    """Store the metric points shipped since the last pass (store/metric_points.py). They were masked
+    when shipped; readers mask them again with the secrets of their time (Platform.run_metrics)."""
+    rows, position = read_metrics(ctx.artifacts, run.id, UNMASKED, run.metrics_next)
+    if position != run.metrics_next:
+        add_points(ctx.db, run.id, rows, position)
 
 
 def _read_progress(ctx: SupervisorContext, run: RunRecord, res: ResumptionRecord, folder: Path,

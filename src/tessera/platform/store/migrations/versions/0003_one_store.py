@@ -62,6 +62,7 @@ def upgrade() -> None:
         sa.Column("workdir", sa.Text),
         sa.Column("next_cause", sa.Text),
         sa.Column("user", sa.String(NAME)),
+        sa.Column("metrics_next", sa.Integer, nullable=False),
         sa.UniqueConstraint("team", "name", name="uq_runs_team_name"),
     )
     op.create_index("ix_runs_team_created", "runs", ["team", "created", "id"])
@@ -92,7 +93,6 @@ def upgrade() -> None:
         sa.Column("stop_reason", sa.String(32)),
         sa.Column("first_beat", sa.Text),
         sa.Column("events_offset", sa.Integer, nullable=False),
-        sa.Column("metrics_offset", sa.Integer, nullable=False),
     )
     op.create_table(
         "events",

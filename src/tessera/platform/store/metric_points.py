@@ -1,0 +1,40 @@
+"""A run's metric points in the store: one row per object its trainer reported ({"step": n, "loss/train":
+x, ...}), ingested by the run's supervisor from what it shipped (supervision/run_pass.py), masked as the
+run's logs are. `runs.metrics_next` is where the next ingestion reads on; it moves in the transaction that
+adds the rows, fenced by the run's lease, so a point is stored once even across a takeover."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import insert, select, update
+
+from tessera.platform.store.models import metrics, runs
+from tessera.platform.store.state import StateDB
+
+INT32 = 2 ** 31
+
+
+def _step(row: dict[str, Any]) -> int | None:
+    step = row.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and -INT32 < step < INT32 else None
+
+
+def add_points(db: StateDB, run_id: str, rows: list[dict[str, Any]], next_position: int) -> None:
+    """Store `rows` and move the run's ingestion position to `next_position`, in one transaction."""
+    with db.write(run_id) as c:
+        if rows:
+            c.execute(insert(metrics), [{"run_id": run_id, "step": _step(r), "data": json.dumps(r)} for r in rows])
+        c.execute(update(runs).where(runs.c.team == db.team, runs.c.id == run_id).values(metrics_next=next_position))
+
+
+def read_points(db: StateDB, run_id: str, after: int = 0, limit: int = 10_000) -> tuple[list[dict[str, Any]], int]:
+    """(the run's points after point `after`, oldest first, at most `limit`; the point to pass next time)."""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError(f"metrics position must be an integer >= 0 (the `next` of an earlier answer), got {after!r}")
+    query = (select(metrics.c.id, metrics.c.data).join(runs, runs.c.id == metrics.c.run_id)
+             .where(runs.c.team == db.team, metrics.c.run_id == run_id, metrics.c.id > after)
+             .order_by(metrics.c.id).limit(limit))
+    rows = db.fetch(query)
+    return [json.loads(r["data"]) for r in rows], rows[-1]["id"] if rows else after
