@@ -38,6 +38,10 @@ BATCHES = 100
 
 
 def _rss_mb() -> float:
+    """Peak RSS of this process since its exec (VmHWM: ru_maxrss would carry over the forking parent's)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
