@@ -35,6 +35,7 @@ from tessera.platform.errors import (
     SpecError,
 )
 from tessera.platform.secrets.vault import SecretInputError
+from tessera.platform.server import graphql
 from tessera.platform.server.accounts import AccountExists, AccountNotFound, Accounts
 from tessera.platform.server.audit import AuditLog
 from tessera.platform.server.routers import account, admin, clusters, run_output, runs, secrets
@@ -81,6 +82,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     for module in (runs, run_output, clusters, secrets, account, admin):
         api.include_router(module.router)
     app.include_router(api)
+    graphql.mount(app)   # MosaicML's API for the mcli client (server/graphql/)
     app.add_exception_handler(RequestValidationError, _invalid_request)  # type: ignore[arg-type]
     for error, _ in _STATUS:
         app.add_exception_handler(error, _platform_error)
