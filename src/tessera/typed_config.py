@@ -12,6 +12,7 @@ from pydantic import ValidationError, ValidationInfo
 
 from tessera.storage.errors import StorageError
 from tessera.storage.url import parse_url
+from tessera.suggest import meant
 
 
 def storage_url(value: Any, info: ValidationInfo) -> Any:
@@ -36,7 +37,7 @@ def error_lines(exc: ValidationError, did_you_mean: Callable[[tuple[Any, ...]], 
         key = ".".join(str(p) for p in loc)
         if err["type"] == "extra_forbidden":
             close = did_you_mean(loc) if did_you_mean else ""
-            lines.append(f"unknown key {key!r}" + (f"; did you mean {close!r}?" if close else ""))
+            lines.append(f"unknown key {key!r}" + (f"; {meant(close)}" if close else ""))
         elif err["type"] == "missing":
             lines.append(f"missing key {key!r}")
         elif err["type"] == "value_error":  # our own checks: the message already names the value

@@ -25,7 +25,6 @@ Large configs build on the meta device in milliseconds, for parameter and FLOP c
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -33,6 +32,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from tessera.suggest import did_you_mean, hint
 
 IGNORE_INDEX = -100
 Rope = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) of the positions in a forward pass
@@ -97,9 +98,7 @@ class GPTConfig:
         known = [f.name for f in fields(cls)]
         for key in values:
             if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                hint = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
-                raise ValueError(f"unknown model config key {key!r}{hint}")
+                raise ValueError(f"unknown model config key {key!r}{hint(key, known, list_known=True)}")
         return cls(**{**base, **values})
 
     @classmethod
@@ -109,9 +108,9 @@ class GPTConfig:
 
 def _check_name(name: str) -> str:
     if name not in NAMED_CONFIGS:
-        close = difflib.get_close_matches(name, list(NAMED_CONFIGS), n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise ValueError(f"unknown model config {name!r}; {hint}choose from {', '.join(NAMED_CONFIGS)}")
+        meant = did_you_mean(name, NAMED_CONFIGS)
+        raise ValueError(f"unknown model config {name!r}; {meant + ' ' if meant else ''}"
+                         f"choose from {', '.join(NAMED_CONFIGS)}")
     return name
 
 

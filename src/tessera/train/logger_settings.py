@@ -8,12 +8,12 @@ its module only then, and its library only when the run starts, since mlflow and
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tessera.suggest import hint
 from tessera.train.logger_base import Logger
 
 
@@ -156,8 +156,7 @@ def _settings_error(name: str, cls: type[LoggerSettings], exc: ValidationError) 
     err = exc.errors()[0]
     key = f"{name}." + ".".join(str(part) for part in err["loc"])
     if err["type"] == "extra_forbidden":
-        close = difflib.get_close_matches(str(err["loc"][-1]), list(cls.model_fields), n=1)
-        return f"loggers: unknown key {key!r}" + (f"; did you mean '{name}.{close[0]}'?" if close else "")
+        return f"loggers: unknown key {key!r}" + hint(str(err["loc"][-1]), cls.model_fields, prefix=f"{name}.")
     if err["type"] == "value_error":  # our own checks: the message says what is wrong, and never echoes a secret
         return f"loggers: {key}: {err['msg'].removeprefix('Value error, ')}"
     return f"loggers: {key}: {err['msg']} (got {err.get('input')!r})"

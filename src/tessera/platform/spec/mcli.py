@@ -14,7 +14,6 @@ every secret goes to the run (`all_secrets`), since MCLI's YAML has no list of t
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any
 
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 
 from tessera.platform.errors import SpecError
 from tessera.platform.spec.schema import RunSpec, describe_error, validate_name
+from tessera.suggest import did_you_mean, meant
 
 TOP_KEYS = ("name", "run_name", "image", "command", "compute", "gpu_num", "gpu_type", "cpus", "cluster",
             "platform", "integrations", "env_variables", "parameters", "scheduling", "metadata")
@@ -96,9 +96,8 @@ def _unknown(keys: set[str], known: tuple[str, ...], where: str, problems: _Prob
         if key in _REFUSED:
             problems.add(name, f"not supported: {_REFUSED[key]}")
             continue
-        close = [_MEANT[key]] if key in _MEANT and _MEANT[key] in known else difflib.get_close_matches(
-            str(key), known, n=1, cutoff=0.6)
-        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        named = _MEANT.get(key) if _MEANT.get(key) in known else None
+        hint = meant(named) if named else did_you_mean(str(key), known, list_known=True)
         problems.add(name, f"unknown key (MCLI run YAML; {hint})")
 
 

@@ -5,7 +5,6 @@ the definitions live here so the MCLI translation can build on them without an i
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import re
@@ -21,6 +20,8 @@ from pydantic import (
     Field,
     field_validator,
 )
+
+from tessera.suggest import hint
 
 # Variables Tessera sets itself in every run; a spec may not override them.
 RESERVED_ENV = frozenset({
@@ -307,9 +308,7 @@ def describe_error(error: dict[str, Any]) -> str:
     if error["type"] == "extra_forbidden":
         parent, key = _model_at(loc[:-1]), str(loc[-1])
         known = list(parent.model_fields) if parent else []
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        hint = f"; did you mean '{close[0]}'?" if close else (f"; known keys: {', '.join(known)}" if known else "")
-        return f"{where}: unknown key{hint}"
+        return f"{where}: unknown key{hint(key, known, list_known=True)}"
     if error["type"] == "missing":
         return f"{where}: required"
     message = str(error["msg"]).removeprefix("Value error, ")
