@@ -4,8 +4,8 @@ at once by 4 users of 2 teams.
 
     .venv/bin/python benchmarks/server_api.py [--runs 10000] [--clients 8] [--seconds 5] [--load-runs 200]
 
-1. A team home (`<server home>/teams/red`) gets `--runs` finished run records written straight through the
-   platform's StateDB before the server starts (no supervisor: they are history), each with one
+1. Team red gets `--runs` finished run records written straight into the
+   server's store before the server starts (no supervisor: they are history), each with one
    resumption and two events, as real finished runs have; their users are hist1..hist4. Then a real
    `tessera server start` (uvicorn, SQLite server database) serves them, alice (team red) submits one
    real run that prints 2,000 log lines and 500 metric rows, and each endpoint is called for `--seconds`
@@ -43,12 +43,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import insert
 from tests_shared import TESTS
 
 from tessera.platform.api.inputs import as_spec
 from tessera.platform.api.sdk import Platform
 from tessera.platform.home import private_dir
-from tessera.platform.store.state import EventRecord, ResumptionRecord, RunRecord, StateDB
+from tessera.platform.store import models
+from tessera.platform.store.db import shared_engine, writing
+from tessera.platform.store.records import ResumptionRecord, RunRecord, columns
 from tessera.platform.supervision.supervisor import stop_supervisor
 
 HIST_USERS = ("hist1", "hist2", "hist3", "hist4")
@@ -70,30 +73,35 @@ def server_proc() -> Any:
     return sys.modules["server_proc"]
 
 
-def fill_history(team_home: Path, runs: int) -> list[str]:
-    """Write `runs` finished runs (one resumption, two events each) into the team's state.db through
-    StateDB, in one transaction; returns their names."""
+def server_store(server_home: Path) -> Any:
+    """The engine of the server's store (its default database: SQLite in its home)."""
+    return shared_engine(f"sqlite:///{private_dir(server_home) / 'server.db'}")
+
+
+def fill_history(server_home: Path, runs: int) -> list[str]:
+    """Write `runs` finished runs (one resumption, two events each) of team red into the server's store,
+    in one transaction; returns their names."""
     spec = as_spec({"name": "template", "command": "python train.py"}).model_dump(mode="json")
     spec["compute"]["cluster"] = "local"
     names, now = [], time.time() - runs
-    with StateDB(team_home) as db, db.write() as c:
-        for i in range(runs):
-            name, run_id, created = f"hist-{i:05d}", uuid.uuid4().hex[:12], now + i
-            status = STATUSES[i % len(STATUSES)]
-            record = RunRecord(run_id, name, {**spec, "name": name}, status, "local", created, created + 60,
-                               str(team_home / "runs" / name), ended=created + 60, user=HIST_USERS[i % 4],
-                               first_error="exit status 1" if status == "FAILED" else None)
-            rows: list[tuple[str, Any]] = [("runs", record), ("resumptions", ResumptionRecord(
-                run_id, 0, "local", "submit", status, record.folder, created, nodes=["localhost"], start=created + 1,
-                end=created + 60, exit_code=1 if status == "FAILED" else 0))]
-            rows += [("events", EventRecord(None, run_id, created + t, kind, f"{kind} {name}"))   # type: ignore[arg-type]
-                     for t, kind in ((0, "submitted"), (60, status.lower()))]
-            for table, row in rows:
-                data = {k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.__dict__.items()
-                        if v is not None}
-                c.execute(f"INSERT INTO {table} ({', '.join(data)}) VALUES ({', '.join('?' * len(data))})",
-                          tuple(data.values()))
-            names.append(name)
+    rows: dict[Any, list[dict[str, Any]]] = {models.runs: [], models.resumptions: [], models.events: []}
+    folder = server_home / "teams" / "red" / "runs"
+    for i in range(runs):
+        name, run_id, created = f"hist-{i:05d}", uuid.uuid4().hex[:12], now + i
+        status = STATUSES[i % len(STATUSES)]
+        record = RunRecord(run_id, name, {**spec, "name": name}, status, "local", created, created + 60,
+                           str(folder / name), ended=created + 60, user=HIST_USERS[i % 4],
+                           first_error="exit status 1" if status == "FAILED" else None)
+        rows[models.runs].append({**columns(record), "team": "red"})
+        rows[models.resumptions].append(columns(ResumptionRecord(
+            run_id, 0, "local", "submit", status, record.folder, created, nodes=["localhost"], start=created + 1,
+            end=created + 60, exit_code=1 if status == "FAILED" else 0)))
+        rows[models.events] += [{"run_id": run_id, "team": "red", "time": created + t, "kind": kind,
+                                 "message": f"{kind} {name}"} for t, kind in ((0, "submitted"), (60, status.lower()))]
+        names.append(name)
+    with writing(server_store(server_home)) as c:
+        for table, values in rows.items():
+            c.execute(insert(table), values)
     return names
 
 
@@ -155,7 +163,8 @@ def page_cursors(platform: Platform) -> list[str | None]:
 def sdk_rows(team_home: Path, seconds: float, names: list[str]) -> dict[str, dict[str, Any]]:
     """The list page and the logs through the local SDK on the same home (in this process, one thread,
     no HTTP): what the API adds is the difference."""
-    platform, rng = Platform(team_home), random.Random(0)
+    platform = Platform(team_home, engine=server_store(team_home.parent.parent), team="red")
+    rng = random.Random(0)
     cursors = page_cursors(platform)
 
     def list_page() -> None:
@@ -229,7 +238,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     try:
         filled = time.monotonic()
-        names = fill_history(private_dir(server.home / "teams" / "red"), args.runs)
+        names = fill_history(server.home, args.runs)
         filled = time.monotonic() - filled
         server.start()
         server.add_users({"alice": "red", "carol": "red", "bob": "blue", "dave": "blue"})
@@ -250,7 +259,7 @@ def main() -> None:
 
 def report(args: argparse.Namespace, filled: float, results: dict[str, list[dict[str, Any]]],
            load: dict[str, Any] | None, loadavg: tuple[float, float]) -> None:
-    print(f"server API: {args.runs:,} finished runs in team red's state.db (written in {filled:.1f} s), "
+    print(f"server API: {args.runs:,} finished runs of team red in the server's store (written in {filled:.1f} s), "
           f"{args.seconds:g} s per row, load average {loadavg[0]:.1f} before, {loadavg[1]:.1f} after")
     header = f"{'endpoint':<20} | {'clients':>7} | {'requests':>8} | {'req/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | errors"
     print(header)
