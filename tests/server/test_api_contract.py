@@ -10,7 +10,7 @@
   exception, the same class), and each error the API answers in process is a problem with its code;
 - cursor paging: 120 runs in pages of 50, none twice, none missed, while runs are submitted between
   pages; filters; the audit log's and a run's events' pages;
-- through a real server (server_proc.py): RemotePlatform raises the class the in-process Platform raises
+- through a real server (server_proc.py's): RemotePlatform raises the class the in-process Platform raises
   for the same failure.
 """
 
@@ -19,6 +19,7 @@ from __future__ import annotations
 import inspect
 import json
 import re
+import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from server_proc import ServerProcess, served
+from server_proc import ServerProcess, server_env
 
 from tessera.platform.api import interface
 from tessera.platform.api.client import RemotePlatform, RemoteSecrets
@@ -34,9 +35,13 @@ from tessera.platform.api.problems import BY_CODE, ERRORS, PROBLEM_JSON, PROBLEM
 from tessera.platform.api.sdk import Platform
 from tessera.platform.api.transport import ROUTES, error_from
 from tessera.platform.secrets.vault import SecretStore
+from tessera.platform.server.accounts import Accounts
 from tessera.platform.server.app import API, STATIC, create_app
 from tessera.platform.server.problems import problem_response
 from tessera.platform.server.settings import ServerSettings
+from tessera.platform.spec.run_spec import validate_spec
+from tessera.platform.store.db import make_engine, session_factory
+from tessera.platform.store.state import PENDING, RunRecord, new_run_id
 
 # Interface methods the client makes of other calls (no request of their own).
 COMPOSED = {"close", "list_runs", "count_runs", "run_summaries", "wait_for_run_status"}
@@ -238,11 +243,19 @@ def _names(api: TestClient, key: dict[str, str], **params: Any) -> Iterator[tupl
             return
 
 
+def _submitted(platform: Platform, name: str, user: str = "alice") -> str:
+    """A run record as a submission leaves it (no folder: listing is the point, and 120 folders cost
+    seconds of fsync)."""
+    now = time.time()
+    spec = validate_spec({"name": name, "command": "true"}).model_dump(mode="json")
+    platform.db.insert_run(RunRecord(new_run_id(), name, spec, PENDING, "local", now, now, "/nonexistent", user=user))
+    return name
+
+
 def test_runs_page_by_cursor_stable_while_runs_are_submitted(team: tuple[TestClient, Platform, dict[str, str]]
                                                              ) -> None:
     api, platform, keys = team
-    made = [platform.create_run({"name": f"page-{i:03d}", "command": "true"}, supervise=False,
-                                user="alice" if i % 3 else "carol").name for i in range(120)]
+    made = [_submitted(platform, f"page-{i:03d}", "alice" if i % 3 else "carol") for i in range(120)]
     for name in made[:10]:
         platform.db.update_run(platform.get_run(name).id, status="FAILED")
     seen: list[str] = []
@@ -250,7 +263,7 @@ def test_runs_page_by_cursor_stable_while_runs_are_submitted(team: tuple[TestCli
     for i, (names, page) in enumerate(_names(api, _as(keys, "alice"), q="page-", limit=50)):
         seen += names
         sizes.append(len(names))
-        platform.create_run({"name": f"page-late-{i}", "command": "true"}, supervise=False)   # between pages
+        _submitted(platform, f"page-late-{i}")   # between pages
         assert page["total"] == 120 + i
     assert (sizes, seen) == ([50, 50, 20], made[::-1])   # newest first, each once, none of the late ones
     failed = [n for names, _ in _names(api, _as(keys, "alice"), q="page-", status="FAILED,STOPPED", limit=4)
@@ -293,8 +306,17 @@ def test_audit_and_events_page_and_filter(team: tuple[TestClient, Platform, dict
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with served(tmp_path_factory.mktemp("contract-live"), {"alice": "red"}) as server:
+    """A real server; alice's key made in this process on its database (no admin CLI process to start)."""
+    folder = tmp_path_factory.mktemp("contract-live")
+    server = ServerProcess(folder, folder / "server-home", server_env(folder))
+    server.start()
+    try:
+        engine = make_engine(f"sqlite:///{server.home / 'server.db'}")
+        server.keys["alice"] = Accounts(session_factory(engine)).create_user("alice", "red")
+        engine.dispose()
         yield server
+    finally:
+        server.stop()
 
 
 def _raised(call: Any) -> type[Exception]:
