@@ -98,9 +98,11 @@ def openapi(app: Any) -> dict[str, Any]:
 
 
 def _operations(document: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(method, path after /api/v1, operation) of every operation under /api/v1."""
     for path, operations in document["paths"].items():
         for method, operation in operations.items():
-            yield method.upper(), path.removeprefix(API), operation
+            if path.startswith(API + "/"):
+                yield method.upper(), path.removeprefix(API), operation
 
 
 def _properties(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
@@ -116,7 +118,6 @@ def _properties(document: dict[str, Any], schema: dict[str, Any]) -> dict[str, A
 def test_every_answer_and_body_is_a_model_with_named_properties(openapi: dict[str, Any]) -> None:
     answers = bodies = 0
     for method, path, operation in _operations(openapi):
-        assert openapi["paths"][API + path], path   # everything is under /api/v1
         for status, response in operation["responses"].items():
             content = response.get("content", {})
             if status.startswith("2") and "application/json" in content:
