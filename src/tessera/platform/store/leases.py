@@ -90,45 +90,57 @@ def register(engine: Engine, replica: Replica) -> None:
             c.execute(replicas.insert().values(id=replica.id, **values))
 
 
-def beat(engine: Engine, replica_id: str) -> None:
+def hold(engine: Engine, owner: str, seconds: float) -> list[Lease]:
+    """A supervision pass's leases, in one transaction: the replica's heartbeat, the leases it holds
+    renewed, and the free and expired ones taken (`acquire`). Returns every lease it now holds."""
+    now = time.time()
     with writing(engine) as c:
-        c.execute(update(replicas).where(replicas.c.id == replica_id).values(beat=time.time()))
+        c.execute(update(replicas).where(replicas.c.id == owner).values(beat=now))
+        held = {lease.run_id: lease for lease in _renew(c, owner, seconds, now)}
+        held.update({lease.run_id: lease for lease in _acquire(c, owner, seconds, now, TAKE_AT_ONCE)})
+    return list(held.values())
 
 
 def acquire(engine: Engine, owner: str, seconds: float, limit: int = TAKE_AT_ONCE) -> list[Lease]:
     """Take the lease of every active run that has none, and of every active run whose lease expired
     (its owner's included: a replica restarted under the same id takes its own leases back, with a new
     token). Returns the leases taken."""
-    now = time.time()
-    taken: list[Lease] = []
     with writing(engine) as c:
-        free = c.execute(select(runs.c.id, runs.c.team).where(
-            runs.c.status.in_(ACTIVE), ~exists().where(run_leases.c.run_id == runs.c.id))
-            .order_by(runs.c.created).limit(limit)).all()
-        for run_id, team in free:
-            # unless another replica made the row a moment ago
-            if insert_or_ignore(c, run_leases, {"run_id": run_id, "owner": owner, "token": 1, "heartbeat": now,
-                                                "expires": now + seconds}, ["run_id"]):
-                taken.append(Lease(run_id, team, 1))
-        expired = c.execute(select(run_leases.c.run_id, run_leases.c.owner, run_leases.c.token, runs.c.team)
-                            .join(runs, runs.c.id == run_leases.c.run_id)
-                            .where(runs.c.status.in_(ACTIVE), run_leases.c.expires < now)
-                            .order_by(run_leases.c.expires).limit(limit)
-                            .with_for_update(skip_locked=True, of=run_leases)).all()
-        for run_id, previous, token, team in expired:
-            c.execute(update(run_leases).where(run_leases.c.run_id == run_id).values(
-                owner=owner, token=token + 1, heartbeat=now, expires=now + seconds))
-            taken.append(Lease(run_id, team, token + 1, previous if previous != owner else None))
+        return _acquire(c, owner, seconds, time.time(), limit)
+
+
+def _acquire(c: Connection, owner: str, seconds: float, now: float, limit: int) -> list[Lease]:
+    taken: list[Lease] = []
+    free = c.execute(select(runs.c.id, runs.c.team).where(
+        runs.c.status.in_(ACTIVE), ~exists().where(run_leases.c.run_id == runs.c.id))
+        .order_by(runs.c.created, runs.c.id).limit(limit)).all()   # one order for every replica: no deadlock
+    for run_id, team in free:
+        # unless another replica made the row a moment ago
+        if insert_or_ignore(c, run_leases, {"run_id": run_id, "owner": owner, "token": 1, "heartbeat": now,
+                                            "expires": now + seconds}, ["run_id"]):
+            taken.append(Lease(run_id, team, 1))
+    expired = c.execute(select(run_leases.c.run_id, run_leases.c.owner, run_leases.c.token, runs.c.team)
+                        .join(runs, runs.c.id == run_leases.c.run_id)
+                        .where(runs.c.status.in_(ACTIVE), run_leases.c.expires < now)
+                        .order_by(run_leases.c.expires).limit(limit)
+                        .with_for_update(skip_locked=True, of=run_leases)).all()
+    for run_id, previous, token, team in expired:
+        c.execute(update(run_leases).where(run_leases.c.run_id == run_id).values(
+            owner=owner, token=token + 1, heartbeat=now, expires=now + seconds))
+        taken.append(Lease(run_id, team, token + 1, previous if previous != owner else None))
     return taken
 
 
 def renew(engine: Engine, owner: str, seconds: float) -> list[Lease]:
     """Extend every lease `owner` still holds; returns them (a lease taken over by another is not)."""
-    now = time.time()
     with writing(engine) as c:
-        c.execute(update(run_leases).where(run_leases.c.owner == owner).values(heartbeat=now, expires=now + seconds))
-        rows = c.execute(select(run_leases.c.run_id, runs.c.team, run_leases.c.token)
-                         .join(runs, runs.c.id == run_leases.c.run_id).where(run_leases.c.owner == owner)).all()
+        return _renew(c, owner, seconds, time.time())
+
+
+def _renew(c: Connection, owner: str, seconds: float, now: float) -> list[Lease]:
+    c.execute(update(run_leases).where(run_leases.c.owner == owner).values(heartbeat=now, expires=now + seconds))
+    rows = c.execute(select(run_leases.c.run_id, runs.c.team, run_leases.c.token)
+                     .join(runs, runs.c.id == run_leases.c.run_id).where(run_leases.c.owner == owner)).all()
     return [Lease(run_id, team, token) for run_id, team, token in rows]
 
 

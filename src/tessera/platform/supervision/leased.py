@@ -21,17 +21,8 @@ from pathlib import Path
 from sqlalchemy import Engine
 
 from tessera.platform.errors import PlatformError
-from tessera.platform.store.leases import (
-    Fence,
-    Lease,
-    Replica,
-    StaleLease,
-    acquire,
-    beat,
-    register,
-    release,
-    renew,
-)
+from tessera.platform.runs.shipping import ShipLoop
+from tessera.platform.store.leases import Fence, Lease, Replica, StaleLease, hold, register, release
 from tessera.platform.store.state import ACTIVE, RUNNING, STARTING, STOPPING, RunRecord
 from tessera.platform.supervision.context import SupervisorContext, SupervisorSettings
 from tessera.platform.supervision.run_pass import step
@@ -51,6 +42,8 @@ class Supervision:
         self.fence = Fence(replica.id)
         self.contexts: dict[str, SupervisorContext] = {}
         self.last_error: dict[str, str] = {}                # run id -> last error recorded as an event
+        # ships live runs' output between passes (runs/shipping.py); started by whoever runs the passes
+        self.shipping = ShipLoop(lambda: [ctx.shipper for ctx in list(self.contexts.values())])
         register(engine, replica)
 
     def context(self, team: str) -> SupervisorContext:
@@ -61,12 +54,9 @@ class Supervision:
 
     def leases(self) -> list[Lease]:
         """Renew what this replica holds and take what is free or expired; the fence learns the tokens."""
-        beat(self.engine, self.replica.id)
-        seconds = self.settings.lease_seconds
-        held = {lease.run_id: lease for lease in renew(self.engine, self.replica.id, seconds)}
-        held.update({lease.run_id: lease for lease in acquire(self.engine, self.replica.id, seconds)})
-        self.fence.tokens = {run_id: lease.token for run_id, lease in held.items()}
-        return list(held.values())
+        held = hold(self.engine, self.replica.id, self.settings.lease_seconds)
+        self.fence.tokens = {lease.run_id: lease.token for lease in held}
+        return held
 
     def tick(self) -> int:
         """One pass over every run this replica holds a lease on; returns how many are active."""
@@ -127,4 +117,5 @@ class Supervision:
     def stop(self) -> None:
         """Give up every lease at once (a clean shutdown): another replica takes the runs over now, not
         after the leases expire."""
+        self.shipping.stop()
         release(self.engine, self.replica.id)
