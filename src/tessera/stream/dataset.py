@@ -159,6 +159,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self._resume: PlanState | None = None
         self._epoch_used = False  # an iteration of self._epoch started (the next one starts the next epoch)
         self.transform = transform
+        self.warm_plan()  # the first batch needs it: built here, fork()ed workers of any DataLoader share it
 
     # --- pickling (spawn and forkserver DataLoader workers) ---------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
