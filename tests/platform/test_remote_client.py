@@ -5,6 +5,7 @@ as one line, never a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,11 +14,18 @@ import pytest
 from server.conftest import LiveServer, server  # noqa: F401  (the module-scoped server fixture)
 from typer.testing import CliRunner, Result
 
+from tessera.cli import cluster as cli_cluster
+from tessera.cli import run as cli_run
+from tessera.cli import secret as cli_secret
 from tessera.cli.main import app
 from tessera.platform import Platform, RunNotFound, SecretError
 from tessera.platform.api.client import RemotePlatform
+from tessera.platform.api.connection import connect as real_connect
 from tessera.platform.api.transport import MAX_LINE, sse_data, text_lines
 from tessera.platform.clusters.local import free_port
+from tessera.platform.server.settings import ServerSettings
+from tessera.platform.server.teams import TeamPlatforms
+from tessera.platform.store.db import make_engine
 
 runner = CliRunner()
 STOPPED = ("STOPPED", "COMPLETED", "FAILED")
@@ -37,9 +45,26 @@ def remote(live: LiveServer, user: str = "alice", key: str | None = None) -> dic
 
 
 def local(live: LiveServer, team: str = "red") -> dict[str, str]:
-    """This machine's platform on the team's home inside the server: what the server itself reads."""
+    """No server named: the CLI's platform is the in-process one (`team_view` makes it the team's view of
+    the server's store, what the server itself reads)."""
     return {"TESSERA_HOME": str(live.home / "teams" / team), "TESSERA_API_URL": "",
             "TESSERA_SECRET_KEY_FILE": str(live.home / "secret.key")}
+
+
+def team_platform(live: LiveServer, team: str = "red") -> Platform:
+    """The in-process Platform of the team on the server's store and artifacts, as the server opens it."""
+    settings = ServerSettings.resolve(home=live.home)
+    return TeamPlatforms(make_engine(settings.db_url), live.home, artifacts_url=settings.artifacts_url).open(team)
+
+
+@pytest.fixture
+def team_view(server: LiveServer, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The CLI's `connect()` without a server named gives team red's view of the server's store (a
+    standalone CLI's own store is another one since the platform has one store)."""
+    def connect() -> Platform | RemotePlatform:
+        return real_connect() if os.environ.get("TESSERA_API_URL") else team_platform(server)
+    for module in (cli_run, cli_cluster, cli_secret):
+        monkeypatch.setattr(module, "connect", connect)
 
 
 def tessera(*args: str, env: dict[str, str] | None = None, code: int = 0, stdin: str | None = None) -> Result:
@@ -64,7 +89,7 @@ def sdk(server: LiveServer) -> Iterator[RemotePlatform]:  # noqa: F811
 
 
 def test_submit_follow_and_output_as_on_this_machine(server: LiveServer, client_home: Path,  # noqa: F811
-                                                     tmp_path: Path) -> None:
+                                                     tmp_path: Path, team_view: None) -> None:
     spec = tmp_path / "mcli.yaml"   # MCLI's run YAML: the client reads it as the local platform does
     spec.write_text("run_name: remote-hello\ngpu_num: 0\ncluster: local\n"
                     "command: |\n  echo hello from $RUN_NAME\n  echo step 2\n")
@@ -122,14 +147,15 @@ def test_login_saves_a_private_key_file_and_bad_keys_fail_in_one_line(server: Li
 
 
 def test_sdk_returns_what_the_local_platform_returns(server: LiveServer, sdk: RemotePlatform,  # noqa: F811
-                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+                                                     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     team_view: None) -> None:
     run = sdk.create_run("name: sdk-run\ncommand: echo one; echo two\n")
     assert run.user == "alice"
     sdk.wait_for_run_status("sdk-run", "COMPLETED", timeout=30)
     assert list(sdk.follow_logs("sdk-run")) == ["one", "two"]
     assert list(sdk.follow_logs("sdk-run", follow=False)) == ["one", "two"]
     monkeypatch.setenv("TESSERA_SECRET_KEY_FILE", str(server.home / "secret.key"))
-    mine = Platform(server.home / "teams" / "red")
+    mine = team_platform(server)
     try:
         assert sdk.get_run("sdk-run") == mine.get_run("sdk-run")
         assert sdk.describe_run("sdk-run") == mine.describe_run("sdk-run")
