@@ -10,11 +10,15 @@ import typer
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
+from tessera.cli.output import FORMAT, WIDE, Column, output_format, print_list
 from tessera.platform import Platform, PlatformError
 from tessera.platform.api.client import RemotePlatform
 from tessera.platform.api.connection import connect
 from tessera.platform.spec.run_spec import validate_name
 
+# What `cluster list` shows (MCLI's `get clusters` columns); the name first, never cut.
+CLUSTER_COLUMNS = (Column("NAME", 0), Column("PROVIDER", 2), Column("GPU TYPES", 4, min_width=9), Column("GPUS", 3),
+                   Column("INSTANCE", 5, min_width=8), Column("NODES", 1), Column("ACTIVE RUNS", 2))
 app = typer.Typer(help="Register clusters (local, slurm, kubernetes) and look at their nodes.", no_args_is_help=True)
 
 
@@ -85,23 +89,18 @@ def overview(platform: Platform | RemotePlatform, entry: dict[str, Any]) -> dict
 
 
 @app.command("list")
-def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object per line.")) -> None:
+def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+          wide: bool = WIDE, fmt: str = FORMAT) -> None:
     """List clusters as MCLI's `get clusters` does ('local', this machine, always exists)."""
+    fmt = output_format(fmt, as_json)
     platform = _platform()
     try:
         rows = [overview(platform, c) for c in platform.list_clusters()]
     except PlatformError as exc:
         fail(exc)
-    if as_json:
-        for row in rows:
-            typer.echo(json.dumps(row))
-        return
-    table = Table("NAME", "PROVIDER", "GPU TYPES", "GPUS", "INSTANCE", "NODES", "ACTIVE RUNS")
-    for row in rows:
-        table.add_row(row["name"], row["provider"], ", ".join(row["gpu_types"]) or "-",
-                      "-" if row["gpus"] is None else str(row["gpus"]), row["instance"] or "-",
-                      "?" if row["nodes"] is None else str(row["nodes"]), str(row["active_runs"]))
-    out.print(table)
+    print_list(CLUSTER_COLUMNS, rows, lambda row: (
+        row["name"], row["provider"], ", ".join(row["gpu_types"]), row["gpus"], row["instance"],
+        "?" if row["nodes"] is None else row["nodes"], row["active_runs"]), fmt, wide)
 
 
 @app.command("describe")

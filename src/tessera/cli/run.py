@@ -15,6 +15,7 @@ import yaml
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
+from tessera.cli.output import FORMAT, STATE_STYLES, WIDE, Column, output_format, print_list, short_time
 from tessera.platform import Platform, PlatformError, RunExists, RunStateError, SpecError
 from tessera.platform.api.client import RemotePlatform
 from tessera.platform.api.connection import connect
@@ -22,6 +23,10 @@ from tessera.platform.spec.run_spec import format_duration
 
 app = typer.Typer(help="Submit runs and watch, stop, restart, move, clone or delete them.", no_args_is_help=True)
 AnyPlatform = Platform | RemotePlatform
+# What `run list` shows, most important first after the name: what state, when, where, whose.
+RUN_COLUMNS = (Column("NAME", 0), Column("STATUS", 1, styles=STATE_STYLES), Column("CLUSTER", 3, min_width=7),
+               Column("USER", 4, min_width=6), Column("GPUS", 6), Column("NODES", 7), Column("RESUMPTIONS", 5),
+               Column("CREATED", 2))
 
 
 def _when(t: float | None) -> str:
@@ -78,22 +83,19 @@ def list_(status: str = typer.Option(None, help="Only runs in this status (e.g. 
           cluster: str = typer.Option(None, help="Only runs on this cluster."),
           user: str = typer.Option(None, help="Only runs this user submitted."),
           limit: int = typer.Option(None, min=1, help="At most this many (the newest)."),
-          as_json: bool = typer.Option(False, "--json", help="One JSON object per line.")) -> None:
-    """List runs, newest first."""
+          as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+          wide: bool = WIDE, fmt: str = FORMAT) -> None:
+    """List runs, newest first. Names are never cut: other columns give way to fit the terminal."""
+    fmt = output_format(fmt, as_json)
     platform = _platform()
     try:
         rows = _summaries(platform, status, cluster, user, limit)
     except (PlatformError, ValueError) as exc:
         fail(exc)
-    if as_json:
-        for row in rows:
-            typer.echo(json.dumps(row))
-        return
-    table = Table("NAME", "STATUS", "CLUSTER", "USER", "GPUS", "NODES", "RESUMPTIONS", "CREATED")
-    for row in rows:
-        table.add_row(row["name"], row["status"], row["cluster"], row.get("user") or "-", str(row["gpus"]),
-                      str(row["nodes"]), str(row["resumptions"]), _when(row["created"]))
-    out.print(table)
+    print_list(RUN_COLUMNS, rows, lambda row: (
+        row["name"], row["status"], row["cluster"], row.get("user"), row["gpus"], row["nodes"],
+        row["resumptions"], short_time(row["created"])), fmt, wide,
+        empty="no runs" + (" match" if status or cluster or user else " yet: tessera run submit -f RUN.yaml"))
 
 
 @app.command("describe")

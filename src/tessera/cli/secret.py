@@ -12,15 +12,14 @@ import base64
 import functools
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from tessera.cli.console import err, fail, out
+from tessera.cli.console import err, fail
+from tessera.cli.output import FORMAT, WIDE, Column, output_format, print_list, short_time
 from tessera.platform.api.connection import connect
 from tessera.platform.errors import PlatformError
 from tessera.platform.secrets.input import (
@@ -42,6 +41,8 @@ create = typer.Typer(help="Create a secret: s3, env, file, mounted, ssh, git-ssh
                      no_args_is_help=True)
 app.add_typer(create, name="create")
 
+# What `secret list` shows: the name whole; what a secret exposes is cut first when the line is too long.
+SECRET_COLUMNS = (Column("NAME", 0), Column("TYPE", 1), Column("CREATED", 3), Column("EXPOSES", 2, min_width=12))
 OVERWRITE = typer.Option(False, "--overwrite", help="Replace a secret of the same name.")
 STDIN = typer.Option(False, "--stdin", help="Read the value from stdin.")
 FROM_FILE = typer.Option(None, "--from-file", metavar="PATH", help="Read the value from a file.")
@@ -267,19 +268,15 @@ def create_azure(name: str, account_name: str = typer.Option(..., "--account-nam
 
 @app.command("list")
 @_one_line
-def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object per line.")) -> None:
+def list_(as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+          wide: bool = WIDE, fmt: str = FORMAT) -> None:
     """Names, types, creation times and what each secret exposes: never values."""
+    fmt = output_format(fmt, as_json)
     with _platform() as platform:
         infos = platform.secrets.list()
-    if as_json:
-        for info in infos:
-            typer.echo(secret_json(info))
-        return
-    table = Table("NAME", "TYPE", "CREATED", "EXPOSES")
-    for info in infos:
-        table.add_row(info.name, info.type, time.strftime("%Y-%m-%d %H:%M", time.localtime(info.created)),
-                      ", ".join(info.exposes))
-    out.print(table)
+    print_list(SECRET_COLUMNS, infos, lambda info: (info.name, info.type, short_time(info.created),
+                                                    ", ".join(info.exposes)), fmt, wide, as_json=secret_json,
+               empty="no secrets yet: tessera secret create TYPE NAME ...")
 
 
 @app.command("remove")

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TypeVar
 
 import typer
-from rich.table import Table
 from sqlalchemy.exc import SQLAlchemyError
 
-from tessera.cli.console import err, fail, out
+from tessera.cli.console import err, fail
+from tessera.cli.output import FORMAT, WIDE, Column, output_format, print_list
 from tessera.platform import PlatformError
 from tessera.platform.secrets.redaction import hide_api_keys
 from tessera.platform.server.accounts import Accounts
@@ -27,6 +27,8 @@ admin = typer.Typer(help="Teams, users and API keys (on the server's host; keys 
                     no_args_is_help=True)
 app.add_typer(admin, name="admin")
 
+# What `admin list-users` shows: the user whole; the key prefixes are cut first when the line is too long.
+USER_COLUMNS = (Column("USER", 0), Column("TEAM", 1), Column("ADMIN", 3), Column("KEYS", 2, min_width=12))
 HOME_HELP = "Server home: server.db, secret.key, teams/<team>/ (default: $TESSERA_HOME/server)."
 T = TypeVar("T")
 GRACEFUL_STOP = 3.0   # seconds open requests get to finish when the server stops
@@ -170,16 +172,16 @@ def revoke_key(prefix: str = typer.Argument(..., help="The key's first 12 charac
 @admin.command("list-users")
 def list_users(home: Path = typer.Option(None, "--home", help=HOME_HELP),
                db: str = typer.Option(None, "--db", help=DB_HELP),
-               as_json: bool = typer.Option(False, "--json", help="One JSON list.")) -> None:
+               as_json: bool = typer.Option(False, "--json", help="One JSON list."),
+               wide: bool = WIDE, fmt: str = FORMAT) -> None:
     """Users, their teams and the prefixes of their valid keys."""
+    fmt = output_format(fmt, as_json)
     users = _act(lambda: _accounts(home, db).list_users())
-    if as_json:
+    if fmt == "json":
         typer.echo(json.dumps([u.__dict__ for u in users]))
         return
-    table = Table("user", "team", "admin", "keys")
-    for u in users:
-        table.add_row(u.name, u.team, "yes" if u.admin else "", ", ".join(u.keys) or "-")
-    out.print(table)
+    print_list(USER_COLUMNS, users, lambda u: (u.name, u.team, "yes" if u.admin else "no", ", ".join(u.keys)),
+               fmt, wide)
 
 
 class _HideKeys(logging.Filter):
