@@ -25,11 +25,16 @@ import subprocess
 import tempfile
 import time
 import venv
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+# Building the client's environment (first run on a machine) counts against the first test's time.
+pytestmark = pytest.mark.timeout(900)
 MCLI_VERSION = "0.8.3"
 TIMEOUT = 120          # seconds any one mcli process may take
 SCRIPTS = Path(__file__).with_name("mcli_scripts")
@@ -78,6 +83,12 @@ def mcli(client, *args: str, answer: str | None = None) -> str:
     return done.stdout
 
 
+def mcli_at_once(client, *commands: list[str]) -> list[str]:
+    """Several `mcli` commands started together (each its own process, as in several terminals)."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        return list(pool.map(lambda args: mcli(client, *args), commands))
+
+
 def script(client, name: str, *args: str, env: dict[str, str | None] | None = None) -> dict:
     """A script of mcli_scripts/ run by the client's Python (`env`: changes; None removes a variable); the
     JSON it prints last."""
@@ -114,29 +125,28 @@ def row(listing: str, name: str) -> str:
 
 
 def test_cli_session(server, client) -> None:
-    """The eight steps of a MosaicML user's session, with the real CLI."""
+    """The eight steps of a MosaicML user's session, with the real CLI (independent commands at once)."""
     _, _, work = client
-    clusters = mcli(client, "get", "clusters")
+    ticks = "sleep 2\nfor i in 1 2 3; do echo tick $i; sleep 0.5; done"
+    clusters, *_ = mcli_at_once(client, ["get", "clusters"],
+                                ["run", "-f", str(write_run(work, "hello", 'echo "hello from mcli"\necho second line'))],
+                                ["run", "-f", str(write_run(work, "long", "echo long-started\nsleep 120"))],
+                                ["run", "-f", str(write_run(work, "ticks", ticks))])
     assert [line.split()[0] for line in clusters.splitlines() if line.split()[:1] in (["cpu"], ["local"])] == \
         ["cpu", "local"]
-    mcli(client, "run", "-f", str(write_run(work, "hello", 'echo "hello from mcli"\necho second line')))
-    mcli(client, "run", "-f", str(write_run(work, "long", "echo long-started\nsleep 120")))
     server.wait_done("alice", "hello")
     wait_status(server, "long", "RUNNING")
 
-    listing = mcli(client, "get", "runs")
+    listing, described, logs, tail, followed = mcli_at_once(
+        client, ["get", "runs"], ["describe", "run", "hello"], ["logs", "hello"], ["logs", "hello", "--tail", "1"],
+        ["logs", "ticks", "--follow"])
     assert row(listing, "hello").split()[:5] == ["hello", "cpu", "1", "cpu", "Completed"]
     assert row(listing, "long").split()[:5] == ["long", "cpu", "1", "cpu", "Running"]
-
-    described = mcli(client, "describe", "run", "hello")
     assert "Run Name               hello" in described and "Status                 Completed" in described
     assert "User                   alice" in described and 'echo "hello from mcli"' in described
-
-    assert output_lines(mcli(client, "logs", "hello")) == ["hello from mcli", "second line"]
-    assert output_lines(mcli(client, "logs", "hello", "--tail", "1")) == ["second line"]
-    mcli(client, "run", "-f", str(write_run(work, "ticks", "for i in 1 2 3; do echo tick $i; sleep 0.5; done")))
-    wait_status(server, "ticks", "RUNNING")
-    assert output_lines(mcli(client, "logs", "ticks", "--follow")) == ["tick 1", "tick 2", "tick 3"]
+    assert output_lines(logs) == ["hello from mcli", "second line"]
+    assert output_lines(tail) == ["second line"]
+    assert output_lines(followed) == ["tick 1", "tick 2", "tick 3"]
 
     mcli(client, "stop", "run", "long", answer="y\n")
     wait_status(server, "long", "STOPPED")
@@ -224,6 +234,10 @@ def test_errors_codes_paging_and_teams(server, client) -> None:
     assert seen == listed and len(seen) == len(set(seen)) >= 2
     completed = graphql(server, RUNS, {"d": {"filters": {"status": {"in": ["Completed"]}}}}, alice)
     assert {r["status"] for r in completed["data"]["getRunsPaginated"]["runs"]} == {"COMPLETED"}
+    someone = graphql(server, RUNS, {"d": {"entity": {"emails": ["carol"]}}}, alice)
+    assert someone["data"]["getRunsPaginated"]["runs"] == []
+    team = graphql(server, RUNS, {"d": {"entity": {"organizationIds": ["red"]}, "limit": 100}}, alice)
+    assert [r["name"] for r in team["data"]["getRunsPaginated"]["runs"]] == listed
 
 
 @pytest.mark.parametrize("mapi, expected", [
@@ -246,3 +260,18 @@ def test_run_input_reads_as_mcli_yaml(mapi: dict, expected: dict) -> None:
     assert to_run_spec(to_mcli_yaml({**back, "compute": {**back["compute"], "cluster": None}})) == \
         spec.model_copy(update={"compute": spec.compute.model_copy(update={"cluster": None})})
 
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=40),
+                max_size=30), st.data())
+def test_log_chunks_resume_at_their_offsets(lines: list[str], data: st.DataObject) -> None:
+    """Chunks from any line boundary are the log's bytes from there, ending at the offsets they name, so a
+    client that resumes at the last endOffset it saw gets the rest exactly once."""
+    from tessera.platform.server.graphql import logs
+
+    whole = "".join(line + "\n" for line in lines).encode()
+    cut = data.draw(st.integers(0, len(lines)))
+    start = len("".join(line + "\n" for line in lines[:cut]).encode())
+    chunks = list(logs._Chunker(start).chunks(lines))
+    assert b"".join(base64.b64decode(c.chunk) for c in chunks) == whole[start:]
+    ends = [c.end_offset for c in chunks]
+    assert ends == sorted(set(ends)) and (not chunks or ends[-1] == len(whole))

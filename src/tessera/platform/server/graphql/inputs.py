@@ -147,3 +147,9 @@ class CreateSecretInput:
     oci_secret: JSON | None = None
     databricks_secret: JSON | None = None
     entity: EntityInput | None = None
+
+
+@strawberry.input
+class GetUsersInput:
+    filters: JSON | None = None
+    entity: EntityInput | None = None

@@ -37,8 +37,9 @@ Ctx = Info[Context, Any]
 async def get_runs_paginated(info: Ctx, get_runs_paginated_data: GetRunsPaginatedInput) -> types.RunsPage:
     data = get_runs_paginated_data
 
-    def work(platform: Platform, _who: Principal) -> types.RunsPage:
-        found, cursor = select_runs(platform, Selection.of(data.filters, data.entity), data.limit, data.cursor)
+    def work(platform: Platform, who: Principal) -> types.RunsPage:
+        found, cursor = select_runs(platform, Selection.of(data.filters, data.entity, who.user), data.limit,
+                                    data.cursor)
         return types.RunsPage(cursor=cursor, has_next_page=cursor is not None, runs=[run_view(d) for d in found])
 
     return await with_platform(info, work)
@@ -47,8 +48,8 @@ async def get_runs_paginated(info: Ctx, get_runs_paginated_data: GetRunsPaginate
 async def get_runs(info: Ctx, get_runs_data: GetRunsInput) -> list[types.Run]:
     data = get_runs_data
 
-    def work(platform: Platform, _who: Principal) -> list[types.Run]:
-        return [run_view(d) for d in select_runs(platform, Selection.of(data.filters, data.entity))[0]]
+    def work(platform: Platform, who: Principal) -> list[types.Run]:
+        return [run_view(d) for d in select_runs(platform, Selection.of(data.filters, data.entity, who.user))[0]]
 
     return await with_platform(info, work)
 

@@ -19,7 +19,7 @@ from graphql import GraphQLError
 from strawberry.fastapi import GraphQLRouter
 from strawberry.types import ExecutionContext
 
-from tessera.platform.server.graphql import clusters, logs, runs, secrets, types
+from tessera.platform.server.graphql import clusters, logs, runs, secrets, types, users
 from tessera.platform.server.graphql.context import Context, context_of, key_of
 
 PATH = "/graphql"
@@ -32,6 +32,7 @@ class Query:
     get_runs_paginated: types.RunsPage = strawberry.field(name="getRunsPaginated", resolver=runs.get_runs_paginated)
     get_runs: list[types.Run] = strawberry.field(name="getRuns", resolver=runs.get_runs)
     get_secrets: list[types.Secret] = strawberry.field(name="getSecrets", resolver=secrets.get_secrets)
+    get_users: list[types.User] = strawberry.field(name="getUsers", resolver=users.get_users)
 
 
 @strawberry.type

@@ -61,16 +61,24 @@ class Selection:
     users: list[str] | None = None
 
     @classmethod
-    def of(cls, filters: RunFilters | None, entity: EntityInput | None = None) -> Selection:
+    def of(cls, filters: RunFilters | None, entity: EntityInput | None, caller: str) -> Selection:
+        """As MosaicML's API reads them: a list is the caller's own runs, unless the entity names users
+        (`emails`: `mcli get runs --user`) or the organization (`--all-users`: the caller's team); runs
+        asked for by name are found whoever submitted them (names are unique in a team)."""
         f = filters or RunFilters()
         statuses = _values(f.status)
         run_types = _values(f.run_type)
+        if entity is not None and entity.emails:
+            users: list[str] | None = list(entity.emails)
+        elif (entity is not None and entity.organization_ids) or _values(f.name) is not None:
+            users = None
+        else:
+            users = [caller]
         return cls(names=_values(f.name), statuses=None if statuses is None else tessera_statuses(statuses),
                    clusters=_values(f.cluster_name), gpu_types=[g.lower() for g in _values(f.gpu_type) or []] or None,
                    gpu_nums=None if f.gpu_num is None or f.gpu_num.in_ is None else list(f.gpu_num.in_),
                    training=run_types is None or "TRAINING" in {r.upper() for r in run_types},
-                   created=_window(f.created_at, "createdAt"), ended=_window(f.ended_at, "endedAt"),
-                   users=None if entity is None or not entity.emails else list(entity.emails))
+                   created=_window(f.created_at, "createdAt"), ended=_window(f.ended_at, "endedAt"), users=users)
 
     @property
     def empty(self) -> bool:

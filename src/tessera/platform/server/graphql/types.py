@@ -201,3 +201,19 @@ class LogChunk:
     """Log bytes, base64, and the byte offset in the whole log where they end (the client resumes there)."""
     chunk: str
     end_offset: int
+
+
+@strawberry.type
+class Organization:
+    """A Tessera team, as MCLI's organization."""
+    id: str
+    name: str
+    is_databricks_internal: bool
+
+
+@strawberry.type
+class User:
+    id: str
+    name: str
+    email: str
+    organizations: list[Organization]
