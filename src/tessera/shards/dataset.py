@@ -39,13 +39,17 @@ def open_dataset_store(url: str | os.PathLike[str] | Store, split: str | None = 
 
 def read_index(store: Store) -> DatasetIndex:
     """Parse and validate the dataset's index.json; DatasetNotFound when there is none."""
-    label = store.url_for(INDEX_BASENAME)
+    return DatasetIndex.from_json(index_bytes(store), store.url_for(INDEX_BASENAME))
+
+
+def index_bytes(store: Store) -> bytes:
+    """The dataset's index.json as stored; DatasetNotFound when there is none."""
     try:
-        text = store.get(INDEX_BASENAME)
+        return store.get(INDEX_BASENAME)
     except NotFound:
-        raise DatasetNotFound(f"{label}: no index.json (not an MDS dataset, or a write that never committed; "
-                              "`tessera data repair` rebuilds a lost index from the shards)") from None
-    return DatasetIndex.from_json(text, label)
+        raise DatasetNotFound(f"{store.url_for(INDEX_BASENAME)}: no index.json (not an MDS dataset, or a write "
+                              "that never committed; `tessera data repair` rebuilds a lost index from the "
+                              "shards)") from None
 
 
 class MDSDataset:

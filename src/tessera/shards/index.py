@@ -303,14 +303,8 @@ class DatasetIndex:
     def inconsistencies(self, file: str) -> list[InconsistentIndex]:
         """What makes the entries wrong as a whole; each error names `file`, the shard and the basename.
         (A file listed twice never gets this far: `from_json` refuses it at its second entry.)"""
-        found: list[InconsistentIndex] = []
-        for shard, entry in enumerate(self.shards):
-            if entry.samples == 0 and entry.raw_data.bytes > entry.empty_size():
-                found.append(InconsistentIndex(file, f"samples is 0 but {entry.raw_data.basename!r} has "
-                                               f"{entry.raw_data.bytes} bytes (an empty shard has "
-                                               f"{entry.empty_size()}): its samples would never be read; "
-                                               "rebuild the index with `tessera data repair`", shard))
-        return found
+        found = (hidden_samples(entry, shard, file) for shard, entry in enumerate(self.shards))
+        return [problem for problem in found if problem is not None]
 
     @classmethod
     def from_json(cls, text: str | bytes, file: str, *, strict: bool = True) -> DatasetIndex:
@@ -334,8 +328,7 @@ class DatasetIndex:
         owner: dict[str, int] = {}  # store key -> the first shard naming it
         for i, raw in enumerate(obj["shards"]):
             shards.append(_claim_files(ShardEntry.from_json(raw, file, i), i, owner, file))
-        if sum(entry.samples for entry in shards) > MAX_TOTAL_SAMPLES:
-            raise IndexFormatError(file, f"shards' samples add up to more than {MAX_TOTAL_SAMPLES}")
+        check_total_samples(sum(entry.samples for entry in shards), file)
         extensions = {k: v for k, v in obj.items() if k not in ("shards", "version")}
         index = cls(shards, extensions)
         problems = index.inconsistencies(file) if strict else []
@@ -350,6 +343,26 @@ def _claim_files(entry: ShardEntry, shard: int, owner: dict[str, int], file: str
     for info in entry.files:
         first = owner.setdefault(shard_key(info.basename), shard)
         if first != shard:
-            raise InconsistentIndex(file, f"{info.basename!r} is listed again (first by shard {first}): its "
-                                    "samples would be read twice; remove the duplicate entry", shard)
+            raise listed_again(info.basename, first, shard, file)
     return entry
+
+
+def check_total_samples(total: int, file: str) -> None:
+    """Sample ids and their arithmetic stay inside int64: an index of more samples is refused."""
+    if total > MAX_TOTAL_SAMPLES:
+        raise IndexFormatError(file, f"shards' samples add up to more than {MAX_TOTAL_SAMPLES}")
+
+
+def listed_again(basename: str, first: int, shard: int, file: str) -> InconsistentIndex:
+    """The error of a file that shard `shard` lists after shard `first` did."""
+    return InconsistentIndex(file, f"{basename!r} is listed again (first by shard {first}): its samples "
+                             "would be read twice; remove the duplicate entry", shard)
+
+
+def hidden_samples(entry: ShardEntry, shard: int, file: str) -> InconsistentIndex | None:
+    """`samples: 0` on a file that holds samples (they would never be read), else None."""
+    if entry.samples or entry.raw_data.bytes <= entry.empty_size():
+        return None
+    return InconsistentIndex(file, f"samples is 0 but {entry.raw_data.basename!r} has "
+                             f"{entry.raw_data.bytes} bytes (an empty shard has {entry.empty_size()}): its "
+                             "samples would never be read; rebuild the index with `tessera data repair`", shard)

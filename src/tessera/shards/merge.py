@@ -7,23 +7,31 @@ is copied. For the same parts its bytes are those of Mosaic's `streaming.base.ut
 part's index is validated first, a basename listed twice is refused (its samples would be read twice),
 a part below a sub-folder keeps its whole relative path, and index.json is written last, in one atomic
 put: a failed merge leaves the previous index as it was.
+
+Parallel conversion (Ray, Spark) leaves hundreds of parts: their index.json are fetched FETCHES at a time
+through the storage layer, each validated once as it arrives, and merged in part order, so the result is
+byte for byte the one-at-a-time merge's. The merged text is built part by part and not parsed again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import posixpath
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from tessera.shards.errors import DatasetNotFound, IndexFormatError
-from tessera.shards.index import INDEX_BASENAME, DatasetIndex
+from tessera.shards.index import INDEX_BASENAME, DatasetIndex, check_basename, check_total_samples, shard_key
+from tessera.shards.pool import ordered_map
 from tessera.storage import NotFound, RetryPolicy, Store, open_store
 
 Part = str | os.PathLike[str] | tuple[str, str]
 _FILE_KEYS = ("raw_data", "zip_data", "raw_meta", "zip_meta")
+FETCHES = 16  # part indexes fetched at once
 
 
 def merge_index(*args: Any, **kwargs: Any) -> DatasetIndex:
@@ -43,28 +51,36 @@ def merge_index(*args: Any, **kwargs: Any) -> DatasetIndex:
 
 
 def merge_parts(parts: Sequence[Part] | None, out: Part, keep_local: bool = True,
-                download_timeout: float = 60) -> DatasetIndex:
-    """Merge the indexes of `parts` (None: every folder below `out` with an index.json) into `out`."""
+                download_timeout: float = 60, concurrency: int = FETCHES) -> DatasetIndex:
+    """Merge the indexes of `parts` (None: every folder below `out` with an index.json) into `out`.
+
+    The parts' index.json are fetched `concurrency` at a time (threads through the storage layer; one
+    GET after another took ~1,000 round trips for 1,000 parts), and merged in part order as they come."""
     retry = RetryPolicy(request_timeout=download_timeout)
     target = open_store(_pick(out, prefer_local=False), retry=retry)
     found = _discover(target) if parts is None else [_part(p, target, retry) for p in dict.fromkeys(parts)]
     if not found:
         raise DatasetNotFound(f"{target.url}: no part to merge (no folder below it holds an index.json)")
-    shards: list[dict[str, Any]] = []
-    owner: dict[str, str] = {}
-    for store, prefix in found:
-        for entry in _read_part(store):
+    label = target.url_for(INDEX_BASENAME)
+    merged, pieces, owner = DatasetIndex(), [], {}  # owner: each file's store key -> the part listing it
+    for (store, prefix), (index, entries) in zip(found, _read_parts([s for s, _ in found], concurrency),
+                                                 strict=True):
+        for entry, raw in zip(index.shards, entries, strict=True):
+            renamed = {}
             for key in _FILE_KEYS:
-                if entry.get(key):
-                    name = posixpath.join(prefix, entry[key]["basename"])
-                    if name in owner:
-                        raise IndexFormatError(target.url_for(INDEX_BASENAME), f"{name!r} would be listed twice "
-                                               f"(from {owner[name]} and {store.url}); merge distinct parts")
-                    owner[name] = store.url
-                    entry[key]["basename"] = name
-            shards.append(entry)
-    text = json.dumps({"version": 2, "shards": shards})
-    merged = DatasetIndex.from_json(text, target.url_for(INDEX_BASENAME))  # the same checks as any reader's
+                if raw.get(key):
+                    name = check_basename(posixpath.join(prefix, raw[key]["basename"]), label, len(merged.shards))
+                    if shard_key(name) in owner:
+                        raise IndexFormatError(label, f"{name!r} would be listed twice (from "
+                                               f"{owner[shard_key(name)]} and {store.url}); merge distinct parts")
+                    owner[shard_key(name)] = store.url
+                    raw[key]["basename"] = name
+                    renamed[key] = dataclasses.replace(getattr(entry, key), basename=name)
+            merged.shards.append(dataclasses.replace(entry, **renamed))
+        if entries:  # the bytes json.dumps({"version": 2, "shards": all entries}) gives, part by part
+            pieces.append(", ".join(map(json.dumps, entries)))
+    check_total_samples(merged.num_samples, label)  # each part's entries were checked as every reader does
+    text = '{"version": 2, "shards": [' + ", ".join(pieces) + "]}"
     target.put(INDEX_BASENAME, text.encode("utf-8"))
     if isinstance(out, tuple) and keep_local:
         open_store(out[0]).put(INDEX_BASENAME, text.encode("utf-8"))
@@ -100,12 +116,25 @@ def _part(part: Part, target: Store, retry: RetryPolicy) -> tuple[Store, str]:
     return store, prefix
 
 
-def _read_part(store: Store) -> list[dict[str, Any]]:
-    """A part's shard entries as its index.json holds them (key order kept), after validating it."""
-    label = store.url_for(INDEX_BASENAME)
+def _read_parts(stores: list[Store], concurrency: int) -> Iterator[tuple[DatasetIndex, list[dict[str, Any]]]]:
+    """Each part's index, validated, and its shard entries as its index.json holds them (key order kept),
+    in order. Up to `concurrency` GETs run at once, no more than twice that many parts ahead of the
+    merge; the parsing stays in this thread (threads would only take turns at it)."""
+    if concurrency <= 1:
+        yield from (_parse_part(store, _get_part(store)) for store in stores)
+        return
+    with ThreadPoolExecutor(min(concurrency, len(stores)), thread_name_prefix="tessera-merge") as pool:
+        fetched = ordered_map(pool, _get_part, ((store,) for store in stores), 2 * concurrency)
+        yield from (_parse_part(store, raw) for store, raw in zip(stores, fetched, strict=True))
+
+
+def _get_part(store: Store) -> bytes:
     try:
-        raw = store.get(INDEX_BASENAME)
+        return store.get(INDEX_BASENAME)
     except NotFound:
-        raise DatasetNotFound(f"{label}: no index.json; is the part written completely?") from None
-    DatasetIndex.from_json(raw, label)
-    return json.loads(raw)["shards"]
+        raise DatasetNotFound(f"{store.url_for(INDEX_BASENAME)}: no index.json; is the part written "
+                              "completely?") from None
+
+
+def _parse_part(store: Store, raw: bytes) -> tuple[DatasetIndex, list[dict[str, Any]]]:
+    return DatasetIndex.from_json(raw, store.url_for(INDEX_BASENAME)), json.loads(raw)["shards"]

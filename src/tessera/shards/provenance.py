@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tessera.shards.errors import DatasetExists, IndexFormatError
-from tessera.shards.index import MAX_TOTAL_SAMPLES, DatasetIndex, ShardEntry
+from tessera.shards.index import MAX_TOTAL_SAMPLES, ShardEntry
 from tessera.shards.inputs import input_size, is_url, read_range
 
 if TYPE_CHECKING:
@@ -185,27 +185,28 @@ def merge_segments(segments: Sequence[Segment]) -> list[Segment]:
     return out
 
 
-def provenance_problems(index: DatasetIndex, label: str) -> list[str]:
-    """What `verify` reports from the recorded provenance: source rows stored in more than one shard (or
-    twice in one), and shards whose recorded rows do not add up to their samples."""
+def provenance_problems(extensions: Mapping[str, Any], shards: Sequence[tuple[str, int]], label: str) -> list[str]:
+    """What `verify` reports from the recorded provenance (`extensions` of index.json) of `shards` ((data
+    file basename, samples) in index order): source rows stored in more than one shard (or twice in one),
+    and shards whose recorded rows do not add up to their samples."""
     try:
-        found = Provenance.from_extensions(index.extensions, label)
+        found = Provenance.from_extensions(extensions, label)
     except IndexFormatError as exc:
         return [str(exc)]
     if found is None:
         return []
     problems: list[str] = []
     by_input: dict[InputId, list[tuple[int, int, int, str]]] = {}
-    for shard, entry in enumerate(index.shards):
-        segments = found.shards.get(entry.raw_data.basename)
+    for shard, (basename, samples) in enumerate(shards):
+        segments = found.shards.get(basename)
         if segments is None:
             continue
         rows = sum(stop - first for _, first, stop in segments)
-        if rows != entry.samples:
+        if rows != samples:
             problems.append(f"{label} (shard {shard}): {PROVENANCE_KEY} records {rows} rows for "
-                            f"{entry.raw_data.basename!r}, which holds {entry.samples} samples")
+                            f"{basename!r}, which holds {samples} samples")
         for i, first, stop in segments:
-            by_input.setdefault(found.inputs[i], []).append((first, stop, shard, entry.raw_data.basename))
+            by_input.setdefault(found.inputs[i], []).append((first, stop, shard, basename))
     for item, spans in by_input.items():
         problems += _overlaps(label, item, spans)
     return problems
