@@ -168,6 +168,28 @@ def test_a_log_longer_than_a_page_is_read_whole_in_order(tmp_path: Path, monkeyp
     assert list(follow(artifacts, lambda: run, REDACT, follow=False)) == expected
 
 
+def test_between_passes_live_resumptions_are_shipped_until_their_final_ship(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass registers the resumption it ships; `ship_live` (the loop between passes) ships what came
+    since; the final ship ends that; one no pass has seen for LIVE_FOR (its lease went elsewhere) is dropped."""
+    artifacts = ArtifactStore.open(str(tmp_path / "artifacts"), "red")
+    local, shipper = LocalRun(tmp_path / "run"), Shipper()
+    chain = artifacts.log_chain("0123abcd", 0, 0)
+    local.write(0, "node-0.log", b"one\n")
+    local.ship(shipper, artifacts, 0)
+    local.write(0, "node-0.log", b"two\n")
+    assert shipper.ship_live() == 4 and shipped_bytes(chain) == b"one\ntwo\n"
+    local.write(0, "node-0.log", b"three")
+    assert local.ship(shipper, artifacts, 0, final=True) == 5
+    local.write(0, "node-0.log", b"\nlate\n")
+    assert shipper.ship_live() == 0 and shipped_bytes(chain) == b"one\ntwo\nthree"
+
+    local.ship(shipper, artifacts, 1)
+    monkeypatch.setattr(shipping, "LIVE_FOR", 0.0)
+    local.write(1, "node-0.log", b"elsewhere\n")
+    assert shipper.ship_live() == 0 and shipper.live == {}
+
+
 # --- crashes and races --------------------------------------------------------------------------------
 
 

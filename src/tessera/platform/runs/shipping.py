@@ -19,7 +19,11 @@ last chunk: nothing is shipped twice, nothing is lost. `ends` only saves a LIST 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tessera.platform.runs.artifacts import ArtifactStore
@@ -29,6 +33,9 @@ from tessera.platform.runs.metrics import METRICS_FILE
 from tessera.platform.secrets.redaction import Redactor
 
 CHUNK_LIMIT = 1 << 20     # local bytes per chunk
+SHIP_EVERY = 0.25         # seconds between the loop's ships of live resumptions
+LIVE_FOR = 30.0           # seconds a live resumption stays registered without a pass seeing it
+REDACTOR_FOR = 30.0       # seconds a Redactor (all the team's secrets decrypted) is reused
 MAX_CHUNKS = 64           # per file and pass while it runs: a burst of 64 MiB in one pass, more in the next
 
 
@@ -63,26 +70,75 @@ def _read(path: Path, start: int, final: bool) -> bytes:
     return data[:data.rfind(b"\n") + 1]
 
 
+@dataclass
+class _Live:
+    """A resumption whose processes run, as its supervisor's last pass saw it."""
+    artifacts: ArtifactStore
+    run_id: str
+    resumption: int
+    folder: Path
+    logs: list[Path]
+    redactor: Callable[[], Redactor]
+    seen: float
+
+
 class Shipper:
-    """Ships the new bytes of local run files to their chains; one per supervising process, any team."""
+    """Ships the new bytes of local run files to their chains; one per supervising process and team.
+
+    A supervision pass calls `ship_resumption` for each resumption it watches, which also registers it as
+    live; between passes a `ShipLoop` calls `ship_live` every SHIP_EVERY seconds, so a line reaches the
+    store within about that, however long a pass takes. The final ship unregisters it. A resumption no
+    pass has seen for LIVE_FOR seconds (its run's lease went to another replica) is dropped. One lock
+    orders the pass's ships and the loop's."""
 
     def __init__(self) -> None:
         self.ends: dict[str, ChainEnd] = {}    # chain prefix -> its end, as last written or read here
+        self.live: dict[tuple[str, int], _Live] = {}
+        self.lock = threading.Lock()
+        self._redactor: tuple[float, Redactor] | None = None
 
     def ship_resumption(self, artifacts: ArtifactStore, run_id: str, resumption: int, folder: Path,
                         logs: list[Path], redactor: Callable[[], Redactor], final: bool = False) -> int:
         """Ship the resumption's node logs (`logs[R]` is node R's file) and metrics file; `final` once its
         processes have ended. Returns how many local bytes went out. `redactor` is called only if there
-        is something to ship."""
-        made: list[Redactor] = []
+        is something to ship (and at most every REDACTOR_FOR seconds: the secrets a run could print were
+        made before it started, and every reader masks again)."""
+        live = _Live(artifacts, run_id, resumption, folder, logs, redactor, time.monotonic())
+        with self.lock:
+            if final:
+                self.live.pop((run_id, resumption), None)
+            else:
+                self.live[(run_id, resumption)] = live
+            return self._ship(live, final)
 
+    def ship_live(self) -> int:
+        """Ship what every live resumption wrote since the last ship (the loop between passes). One that
+        fails does not stop the others; the first failure is raised once all were tried."""
+        shipped, failure = 0, None
+        with self.lock:
+            now = time.monotonic()
+            for key in [k for k, live in self.live.items() if now - live.seen > LIVE_FOR]:
+                del self.live[key]
+            for live in list(self.live.values()):
+                try:
+                    shipped += self._ship(live, False)
+                except Exception as exc:   # noqa: BLE001 - raised below, after the others
+                    failure = failure or exc
+        if failure is not None:
+            raise failure
+        return shipped
+
+    def _ship(self, live: _Live, final: bool) -> int:
         def redact() -> Redactor:
-            if not made:
-                made.append(redactor())
-            return made[0]
+            now = time.monotonic()
+            if self._redactor is None or now - self._redactor[0] > REDACTOR_FOR:
+                self._redactor = (now, live.redactor())
+            return self._redactor[1]
 
-        chains = [(artifacts.log_chain(run_id, resumption, node), path, mask_text) for node, path in enumerate(logs)]
-        chains.append((artifacts.metrics_chain(run_id), folder / METRICS_FILE, mask_metrics))
+        artifacts, run_id, resumption = live.artifacts, live.run_id, live.resumption
+        chains = [(artifacts.log_chain(run_id, resumption, node), path, mask_text)
+                  for node, path in enumerate(live.logs)]
+        chains.append((artifacts.metrics_chain(run_id), live.folder / METRICS_FILE, mask_metrics))
         shipped = 0
         for chain, path, mask in chains:
             shipped += self.ship(chain, resumption, path, lambda data, m=mask: m(data, redact()), final)
@@ -157,3 +213,38 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+class ShipLoop:
+    """A thread that ships the live resumptions of `shippers()` every SHIP_EVERY seconds, between the
+    supervision passes (a pass may take seconds: a cluster's queue, many runs); it ends with `stop`. A
+    failure (the store unreachable) is reported once and tried again; the pass's own ship, before a
+    resumption's end is recorded, is the one that must succeed."""
+
+    def __init__(self, shippers: Callable[[], Iterable[Shipper]]) -> None:
+        self.shippers = shippers
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="tessera-shipping", daemon=True)
+
+    def start(self) -> ShipLoop:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def _loop(self) -> None:
+        failed = ""
+        while not self._stop.wait(SHIP_EVERY):
+            try:
+                for shipper in list(self.shippers()):
+                    shipper.ship_live()
+                failed = ""
+            except Exception as exc:   # noqa: BLE001 - reported once, tried again at the next round
+                message = f"{type(exc).__name__}: {exc}"
+                if message != failed:
+                    print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} shipping run output failed (will retry): "
+                          f"{message}", file=sys.stderr, flush=True)
+                    failed = message

@@ -38,6 +38,7 @@ class ReplicaSupervision:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tessera-supervision", daemon=True)
         self._thread.start()
+        self.supervision.shipping.start()
 
     def wake(self) -> None:
         """Make the next pass now (a run needs acting on)."""

@@ -66,6 +66,7 @@ class Supervisor:
         (self.home / "supervisor.pid").write_text(str(os.getpid()))
         self.log(f"supervisor {os.getpid()} watching {self.home}")
         idle_since = time.monotonic()
+        self.supervision.shipping.start()
         try:
             while not self._stop:
                 active = self.tick()
@@ -85,6 +86,7 @@ class Supervisor:
                     idle_since = now
                 time.sleep(self.settings.poll)
         finally:
+            self.supervision.shipping.stop()
             try:
                 if (self.home / "supervisor.pid").read_text() == str(os.getpid()):
                     (self.home / "supervisor.pid").unlink()

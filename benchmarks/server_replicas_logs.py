@@ -1,0 +1,148 @@
+"""Issue 23's log latency across replicas: a line a run prints, seen by a client that follows the run's log
+through the other replica (target: p99 < 1 s).
+
+    .venv/bin/python benchmarks/server_replicas_logs.py [--db postgres|sqlite] [--lines 300]
+        [--interval 0.1] [--poll SECONDS]
+
+Two real `tessera server start` replicas (private homes, one database: PostgreSQL from
+scripts/postgres-up.sh, or one SQLite file; one artifacts folder) serve team red; alice submits a run to
+replica A that prints `--lines` lines, one every `--interval` s (jittered by up to half of it, so lines
+do not fall in step with the supervision's passes), each carrying the time it was printed. Whichever
+replica holds the run's lease ships its log to the artifacts folder; the client follows it with
+`GET /runs/NAME/logs?follow=1` (server-sent events) through replica B, and the latency of a line is when
+B's event arrives minus when the run printed it (one host, one clock). Both replicas run with the
+environment's supervision poll (`--poll` sets TESSERA_SUPERVISOR_POLL for them; by default the server's
+own default).
+
+Prints the figures, then one JSON line with them (the last line of stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+from cryptography.fernet import Fernet
+from server_api import server_proc  # the test suite's server driver, loaded once
+
+from tessera.platform.clusters.local import free_port
+
+PRINTER = """
+import random, sys, time
+lines, interval = int(sys.argv[1]), float(sys.argv[2])
+time.sleep(1.0)                       # the follower is connected before the first line
+for i in range(lines):
+    print(f"line {i} {time.time():.6f}", flush=True)
+    time.sleep(interval * random.uniform(0.5, 1.5))
+"""
+
+
+class Replica:
+    def __init__(self, name: str, folder: Path, args: list[str], env: dict[str, str]) -> None:
+        self.name, self.port, self.log = name, free_port(), folder / f"replica-{name}.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(
+                [*server_proc().SERVER_CLI, "start", "--host", "127.0.0.1", "--port", str(self.port),
+                 "--home", str(folder / f"home-{name}"), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True)
+        self.url = f"http://127.0.0.1:{self.port}/api/v1/"
+
+    def wait_up(self, timeout: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                answer = httpx.get(self.url + "health", timeout=2)
+                if answer.status_code == 200:
+                    return str(answer.json().get("replica"))
+            except httpx.TransportError:
+                pass
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"replica {self.name} did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+
+
+def follow(url: str, key: str, name: str) -> list[float]:
+    """Latency of each line of the run's log, followed as server-sent events through `url`."""
+    latencies: list[float] = []
+    with httpx.stream("GET", url + f"runs/{name}/logs", params={"follow": 1}, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"}) as answer:
+        answer.raise_for_status()
+        for line in answer.iter_lines():
+            if line.startswith("event: end"):
+                break
+            if line.startswith("data: line "):
+                latencies.append(time.time() - float(line.split()[-1]))
+    return latencies
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--db", choices=("postgres", "sqlite"), default="postgres")
+    parser.add_argument("--lines", type=int, default=300)
+    parser.add_argument("--interval", type=float, default=0.1)
+    parser.add_argument("--poll", type=float, default=None, help="TESSERA_SUPERVISOR_POLL of the replicas")
+    args = parser.parse_args()
+    proc = server_proc()
+    folder = Path(tempfile.mkdtemp(prefix="tessera-replicas-logs-"))
+    postgres = proc.start_postgres() if args.db == "postgres" else None
+    db = postgres.url if postgres else f"sqlite:///{folder / 'shared.db'}"
+    env = {**proc.server_env(folder), "TESSERA_SECRET_KEY": Fernet.generate_key().decode()}
+    env.pop("TESSERA_SUPERVISOR_POLL", None)          # the server's own cadence unless --poll
+    if args.poll is not None:
+        env["TESSERA_SUPERVISOR_POLL"] = str(args.poll)
+    replicas: list[Replica] = []
+    try:
+        made = subprocess.run([*proc.SERVER_CLI, "admin", "create-user", "alice", "--team", "red", "--db", db],
+                              capture_output=True, text=True, env=env, timeout=120, check=True)
+        key = made.stdout.strip()
+        serve = ["--db", db, "--artifacts", str(folder / "artifacts"), "--log-level", "warning"]
+        replicas = [Replica(n, folder, serve, env) for n in "ab"]
+        ids = [r.wait_up() for r in replicas]
+        script = folder / "printer.py"
+        script.write_text(PRINTER)
+        with httpx.Client(base_url=replicas[0].url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as a:
+            a.post("runs", json={"spec": {"name": "ticker", "command": f"{sys.executable} {script} {args.lines} "
+                                          f"{args.interval}"}}).raise_for_status()
+            latencies = follow(replicas[1].url, key, "ticker")
+            described = a.get("runs/ticker").raise_for_status().json()
+        supervisor = (described.get("supervisor") or {}).get("replica")
+        figures = {"db": args.db, "lines": len(latencies), "expected": args.lines, "interval_s": args.interval,
+                   "poll_s": args.poll, "status": described["status"],
+                   "supervised_by": "a" if supervisor == ids[0] else "b" if supervisor == ids[1] else supervisor,
+                   "p50_ms": round(1000 * statistics.median(latencies), 1),
+                   "p99_ms": round(1000 * percentile(latencies, 99), 1),
+                   "max_ms": round(1000 * max(latencies), 1), "min_ms": round(1000 * min(latencies), 1)}
+        print(f"{figures['lines']}/{args.lines} lines followed through replica b ({args.db}), run submitted to a, "
+              f"supervised by {figures['supervised_by']}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} "
+              f"ms, max {figures['max_ms']} ms")
+        print(json.dumps(figures))
+    finally:
+        for replica in replicas:
+            replica.stop()
+        if postgres:
+            postgres.stop()
+
+
+if __name__ == "__main__":
+    main()
