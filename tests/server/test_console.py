@@ -324,9 +324,11 @@ def test_a_run_is_running_from_the_start_of_its_processes_everywhere(server, pag
     described = CliRunner().invoke(run_app, ["describe", "silent"], env={
         "TESSERA_API_URL": str(server["url"]), "TESSERA_API_KEY": str(server["key"])}, terminal_width=200)
     assert described.exit_code == 0, described.output
-    assert described.output.splitlines()[0].endswith(": RUNNING on local by alice")
-    row = next(line for line in described.output.splitlines() if "submitted" in line)
-    assert row.split("│")[-2].strip() == "RUNNING"          # the OUTCOME column of an unfinished resumption
+    top = {key: value.strip() for key, _, value in (line.partition(":") for line in described.output.splitlines()
+                                                     if line and not line.startswith(" "))}
+    assert (top["status"], top["cluster"], top["user"]) == ("RUNNING", "local", "alice")
+    outcome = next(line for line in described.output.split("resumptions:")[1].splitlines() if "outcome:" in line)
+    assert outcome.split(":", 1)[1].strip() == "RUNNING"    # the outcome of an unfinished resumption
     page.goto(f"{server['url']}/?api_key={server['key']}#/runs/silent")
     expect(page.locator("#run-status")).to_have_text("RUNNING", timeout=WAIT_MS)
     expect(page.locator("#resumption-timeline .resumption-head")).to_have_text(

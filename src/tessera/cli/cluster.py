@@ -7,9 +7,9 @@ import json
 from typing import Any
 
 import typer
-from rich.table import Table
 
-from tessera.cli.console import err, fail, out
+from tessera.cli.console import err, fail
+from tessera.cli.describe import describe_cluster
 from tessera.cli.output import FORMAT, WIDE, Column, output_format, print_list
 from tessera.platform import Platform, PlatformError
 from tessera.platform.api.client import RemotePlatform
@@ -19,6 +19,8 @@ from tessera.platform.spec.run_spec import validate_name
 # What `cluster list` shows (MCLI's `get clusters` columns); the name first, never cut.
 CLUSTER_COLUMNS = (Column("NAME", 0), Column("PROVIDER", 2), Column("GPU TYPES", 4, min_width=9), Column("GPUS", 3),
                    Column("INSTANCE", 5, min_width=8), Column("NODES", 1), Column("ACTIVE RUNS", 2))
+NODE_COLUMNS = (Column("NODE", 0), Column("STATE", 1), Column("HEALTHY", 1, styles={"no": "red"}), Column("FAULTS", 2),
+                Column("EXCLUDED", 1, styles={"yes": "red"}), Column("REASON", 3, min_width=10))
 app = typer.Typer(help="Register clusters (local, slurm, kubernetes) and look at their nodes.", no_args_is_help=True)
 
 
@@ -113,18 +115,13 @@ def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Prin
     if as_json:
         typer.echo(json.dumps(info, indent=1))
         return
-    for key, value in info.items():
-        if key != "nodes":
-            out.print(f"[bold]{key}[/bold]: {value}")
+    typer.echo(describe_cluster(info), nl=False)
     nodes = info.get("nodes")
     if isinstance(nodes, list):
-        table = Table("NODE", "STATE", "HEALTHY", "FAULTS", "EXCLUDED", "REASON")
-        for n in nodes:
-            table.add_row(n["name"], n["state"], "yes" if n["healthy"] else "[red]no[/red]", str(n["faults"]),
-                          "[red]yes[/red]" if n["excluded"] else "no", n["reason"])
-        out.print(table)
-    else:
-        out.print(f"[bold]nodes[/bold]: {nodes}")
+        typer.echo("nodes:")
+        print_list(NODE_COLUMNS, nodes, lambda n: (n["name"], n["state"], "yes" if n["healthy"] else "no",
+                                                   n["faults"], "yes" if n["excluded"] else "no", n["reason"]),
+                   output_format(None))
 
 
 @app.command("remove")

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import secrets
 import sys
-import time
 from typing import Any
 
 import typer
 import yaml
-from rich.table import Table
 
-from tessera.cli.console import err, fail, out
+from tessera.cli.console import err, fail
+from tessera.cli.describe import describe_run
 from tessera.cli.output import FORMAT, STATE_STYLES, WIDE, Column, output_format, print_list, short_time
 from tessera.platform import Platform, PlatformError, RunExists, RunStateError, SpecError
 from tessera.platform.api.client import RemotePlatform
@@ -27,10 +26,6 @@ AnyPlatform = Platform | RemotePlatform
 RUN_COLUMNS = (Column("NAME", 0), Column("STATUS", 1, styles=STATE_STYLES), Column("CLUSTER", 3, min_width=7),
                Column("USER", 4, min_width=6), Column("GPUS", 6), Column("NODES", 7), Column("RESUMPTIONS", 5),
                Column("CREATED", 2))
-
-
-def _when(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
 
 
 def _platform() -> AnyPlatform:
@@ -100,7 +95,8 @@ def list_(status: str = typer.Option(None, help="Only runs in this status (e.g. 
 
 @app.command("describe")
 def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
-    """Config, resumptions, events and the first error of a run (secret values never appear)."""
+    """A run as YAML-like sections: state, spec, compute, scheduling, resumptions and their causes, where its
+    checkpoints and logs are, and its latest events (secret values never appear; --json has everything)."""
     platform = _platform()
     try:
         info = platform.describe_run(name)
@@ -109,41 +105,7 @@ def describe(name: str, as_json: bool = typer.Option(False, "--json", help="Prin
     if as_json:
         typer.echo(json.dumps(info, indent=1))
         return
-    by = f" by {info['user']}" if info.get("user") else ""
-    out.print(f"[bold]{info['name']}[/bold] ({info['id']}): {info['status']} on {info['cluster']}{by}")
-    if info.get("first_error"):
-        out.print(f"[red]first error[/red] ({info.get('failure_kind')}): {info['first_error']}", markup=True)
-    spec = info["spec"]
-    sched = spec["scheduling"]
-    out.print(f"command: {spec['command']}")
-    out.print(f"compute: {spec['compute']}")
-    out.print(f"secrets: {', '.join(spec['secrets']) or '-'}   env: {', '.join(spec['env']) or '-'}")
-    out.print(f"scheduling: max_retries={sched['max_retries']} (used {info['retries_used']}), "
-              f"retry_on_system_failure={sched['retry_on_system_failure']}, "
-              f"max_duration={format_duration(sched['max_duration'])}, "
-              f"hang_timeout={format_duration(sched['hang_timeout'])}, priority={sched['priority']}")
-    if spec.get("integrations"):
-        out.print(f"integrations: {', '.join(i.get('integration_type', '?') for i in spec['integrations'])}")
-    if spec.get("image"):
-        out.print(f"image: {spec['image']}")
-    if spec.get("metadata"):
-        out.print(f"metadata: {json.dumps(spec['metadata'], sort_keys=True)}", markup=False)
-    table = Table("#", "CLUSTER", "JOB", "NODES", "START", "END", "EXIT", "CAUSE", "OUTCOME", title="resumptions")
-    for r in info["resumptions"]:
-        outcome = r["outcome"] or r["status"]
-        if r.get("detail"):
-            outcome += f": {r['detail']}"
-        step = (r.get("last_heartbeat") or {}).get("step")
-        if step is not None:
-            outcome += f" (step {step})"
-        table.add_row(str(r["index"]), r["cluster"], str(r["job_id"] or "-"), ",".join(r["nodes"]) or "-",
-                      _when(r["start"]), _when(r["end"]), "-" if r["exit_code"] is None else str(r["exit_code"]),
-                      r["cause"], outcome)
-    out.print(table)
-    events = Table("TIME", "EVENT", "MESSAGE", title="events")
-    for e in info["events"]:
-        events.add_row(_when(e["time"]), e["kind"], e["message"])
-    out.print(events)
+    typer.echo(describe_run(info), nl=False)
 
 
 @app.command("logs")
