@@ -27,6 +27,7 @@ _COMMANDS: dict[str, tuple[str, str, bool, str | None]] = {
     "launch": ("tessera.cli.distributed_launch", "launch", False, "CONTEXT"),
     "llm": ("tessera.cli.llm", "app", True, None),
     "train": ("tessera.cli.train", "train", False, None),
+    "recipe": ("tessera.cli.recipe", "app", True, None),
     "login": ("tessera.cli.login", "login", False, None),
     "logout": ("tessera.cli.login", "logout", False, None),
 }

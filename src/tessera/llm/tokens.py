@@ -23,6 +23,7 @@ import torch
 
 from tessera.llm.finetune.batch import ExampleBatch, rows_batch
 from tessera.llm.recipe import RecipeError
+from tessera.llm.text_windows import TextWindows
 
 # LLM Foundry's SUPPORTED_MDS_ENCODING_TYPES: the integer dtypes a token id may be stored as.
 TOKEN_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -90,13 +91,17 @@ def token_collate(encodings: Sequence[tuple[str, str | None]], seq_len: int | No
 
 
 def stream_collate(streams: Sequence[Any], seq_len: int | None, bytes_dtype: str = "int64",
-                   section: str = "data") -> TokenWindows | ExampleBatch | None:
+                   section: str = "data", tokenizer: Any = None) -> TokenWindows | ExampleBatch | TextWindows | None:
     """How batches of these loaded streams become model input, read off their index's columns:
     fine-tuning rows (`tessera llm prep --format chat|instruction|text`: tokens, loss_mask and the packed
     or padded columns) through `ExampleBatch`, the collate of `data.*.path`, so they keep their labels;
-    token windows as `token_collate` says. A batch mixes streams, so streams of different kinds are
-    refused, naming each with its columns."""
+    a `text` column without `tokens` (LLM Foundry's text MDS) tokenized by `TextWindows`; token windows
+    as `token_collate` says. A batch mixes streams, so streams of different kinds are refused, naming
+    each with its columns."""
     loaded = [st for st in streams if st.entries]
+    texts = ["text" in st.entries[0].column_names and "tokens" not in st.entries[0].column_names for st in loaded]
+    if loaded and all(texts) and tokenizer is not None and seq_len is not None:
+        return TextWindows(tokenizer, seq_len)
     kinds = {}
     for st in loaded:
         try:

@@ -69,8 +69,8 @@ def build_loader(spec: LoaderSpec, batch_size: int, seq_len: int, tokenizer: Any
     collates: list[Any] = []
 
     def columns(streams: list[Any]) -> list[str]:
-        collates.append(stream_collate(streams, seq_len, spec.token_encoding_type, section))
-        return collates[0].columns if isinstance(collates[0], ExampleBatch) else ["tokens"]
+        collates.append(stream_collate(streams, seq_len, spec.token_encoding_type, section, tokenizer))
+        return getattr(collates[0], "columns", ["tokens"])  # fine-tuning rows and text name theirs
 
     ds = StreamingDataset(streams=[Stream(**s.model_dump()) for s in spec.streams], batch_size=batch_size,
                           columns=columns, replication=replication, **spec.dataset_options())

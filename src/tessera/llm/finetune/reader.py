@@ -1,7 +1,9 @@
 """Read fine-tuning records, in bounded memory, each with its place in the input.
 
 Inputs: JSONL files (`.jsonl`, `.json`, `.ndjson`, each also gzip-compressed as `.gz`), Parquet files, or
-local text files (one example each); a file, a folder of them, or objects in a bucket. They are cut into
+local text files (one example each); a file, a folder of them, or objects in a bucket; or an MDS dataset
+(a folder with index.json, as LLM Foundry's convert_finetuning_dataset.py writes prompt/response rows),
+read a sample at a time. They are cut into
 chunks that depend only on the input (`plan_examples`): byte ranges of plain JSONL, one chunk per
 gzip file (a gzip stream cannot be entered in the middle), Parquet row groups, groups of text files.
 
@@ -33,6 +35,7 @@ JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 GZIP_JSONL = "jsonl.gz"  # the kind of a chunk that is a whole gzip-compressed JSONL file
 BLOCK = 1 << 20  # bytes read at a time
 DEFAULT_MAX_RECORD_BYTES = 128 << 20
+MDS_CHUNK = 4096  # samples of an MDS input per chunk
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,10 @@ def plan_examples(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     chunks: list[Chunk] = []
     for item in items:
         path = os.fspath(item)
+        if samples := _mds_samples(path):
+            chunks += [Chunk("mds", path, start, min(start + MDS_CHUNK, samples))
+                       for start in range(0, samples, MDS_CHUNK)]
+            continue
         try:
             files = [f for _, f in list_input(path).files]
         except InputNotFound as exc:
@@ -72,11 +79,27 @@ def plan_examples(inputs: str | os.PathLike[str] | Sequence[str | os.PathLike[st
         elif kind == "text" and not is_url(path):
             chunks += plan_corpus(path, "text")
         else:
-            raise SourceError(f"{path}: fine-tuning examples are read from JSONL (.jsonl, .jsonl.gz) or Parquet "
-                              f"(or local text files), not {kind}")
+            raise SourceError(f"{path}: fine-tuning examples are read from JSONL (.jsonl, .jsonl.gz), Parquet or "
+                              f"MDS (or local text files), not {kind}")
     if not chunks:
         raise SourceError(f"{', '.join(map(os.fspath, items))}: no input files")
     return chunks
+
+
+def _mds_samples(path: str) -> int:
+    """The samples of the MDS dataset at `path` (0 when it is not one: no index.json there)."""
+    from tessera.shards.dataset import MDSDataset
+    from tessera.storage import StorageError, open_store
+
+    if not is_url(path) and not os.path.isdir(path):
+        return 0
+    try:
+        if not open_store(path).exists("index.json"):
+            return 0
+        with MDSDataset(path) as dataset:
+            return len(dataset)
+    except (StorageError, OSError, ValueError):  # not a store, or no dataset there: other inputs decide
+        return 0
 
 
 class ChunkRecords:
@@ -92,6 +115,13 @@ class ChunkRecords:
             rows = read_row_group(chunk).to_pylist()
             self.covered = len(rows)
             yield from enumerate(rows)
+        elif chunk.kind == "mds":
+            from tessera.shards.dataset import MDSDataset
+
+            with MDSDataset(chunk.path) as dataset:
+                for index in range(chunk.start, chunk.stop):
+                    yield index - chunk.start, dataset.get(index)
+            self.covered = chunk.stop - chunk.start
         elif chunk.kind == "text":
             yield from _text_files(chunk, self.limit)
         elif chunk.kind == GZIP_JSONL:
@@ -231,6 +261,8 @@ class Places:
             return chunk.files[position]
         if chunk.kind == "parquet":
             return f"{chunk.path}, row {self.before + position}"
+        if chunk.kind == "mds":
+            return f"{chunk.path}, sample {self.before + position}"
         return f"{chunk.path}, line {self.before + position + 1}"
 
 

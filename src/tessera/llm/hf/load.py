@@ -104,6 +104,10 @@ def load_hf(spec: PretrainedSpec, lora: LoraSpec | None = None) -> tuple[HFCausa
     if len(tokenizer) > rows:  # ids past the embedding would fail deep inside the first forward
         raise ValueError(f"model.pretrained={spec.pretrained}: the tokenizer has {len(tokenizer)} tokens but the "
                          f"model's embedding only {rows} rows (resize it with transformers before fine-tuning)")
+    positions = getattr(hf.config, "max_position_embeddings", None)
+    if spec.max_seq_len and positions and spec.max_seq_len > positions:  # a position table would be indexed past
+        raise ValueError(f"model.max_seq_len={spec.max_seq_len} is longer than {spec.pretrained}'s {positions} "
+                         "positions (max_position_embeddings); train shorter sequences")
     model = HFCausalLM(hf, spec.max_seq_len)
     if lora is not None:
         add_lora(model, lora)
