@@ -34,6 +34,24 @@ SEQ = 32
 
 # --- Foundry-shaped YAMLs (written here; the keys and structure of Foundry's published files) ------------
 
+
+def text_loader(key: str, split: str, train: bool) -> str:
+    """A `name: text` loader over MDS, as every pre-training YAML of Foundry's writes it."""
+    flag = str(train).lower()
+    return f"""{key}:
+  name: text
+  dataset:
+    local: ${{variables.data_local}}
+    remote: ${{variables.data_remote}}
+    split: {split}
+    shuffle: {flag}
+    max_seq_len: ${{variables.max_seq_len}}
+    shuffle_seed: ${{variables.global_seed}}
+  drop_last: {flag}
+  num_workers: 0
+"""
+
+
 MPT_PRETRAIN = """\
 variables:
   data_local: @DATA@
@@ -63,30 +81,8 @@ tokenizer:
   kwargs:
     model_max_length: ${variables.max_seq_len}
 
-train_loader:
-  name: text
-  dataset:
-    local: ${variables.data_local}
-    remote: ${variables.data_remote}
-    split: train
-    shuffle: true
-    max_seq_len: ${variables.max_seq_len}
-    shuffle_seed: ${variables.global_seed}
-  drop_last: true
-  num_workers: 0
-
-eval_loader:
-  name: text
-  dataset:
-    local: ${variables.data_local}
-    remote: ${variables.data_remote}
-    split: val
-    shuffle: false
-    max_seq_len: ${variables.max_seq_len}
-    shuffle_seed: ${variables.global_seed}
-  drop_last: false
-  num_workers: 0
-
+@TRAIN_LOADER@
+@EVAL_LOADER@
 scheduler:
   name: cosine_with_warmup
   t_warmup: 1ba
@@ -141,6 +137,9 @@ save_overwrite: true
 save_num_checkpoints_to_keep: 1  # Important, this cleans up checkpoints saved to DISK
 """
 
+MPT_PRETRAIN = MPT_PRETRAIN.replace("@TRAIN_LOADER@", text_loader("train_loader", "train", True)).replace(
+    "@EVAL_LOADER@", text_loader("eval_loader", "val", False))
+
 # testing.yaml's shape: meta init, torch attention, amp_bf16, the whole eval set, no run_name.
 TESTING = (MPT_PRETRAIN.replace("  run_name: mpt_causal_lm_cpu", "  run_name:  # If left blank, will be read from env var $RUN_NAME")
            .replace("init_device: cpu", "init_device: meta").replace("attn_impl: flash", "attn_impl: torch")
@@ -171,18 +170,7 @@ tokenizer:
   kwargs:
     model_max_length: ${variables.max_seq_len}
 
-train_loader:
-  name: text
-  dataset:
-    local: ${variables.data_local}
-    remote: ${variables.data_remote}
-    split: train
-    shuffle: true
-    max_seq_len: ${variables.max_seq_len}
-    shuffle_seed: ${variables.global_seed}
-  drop_last: true
-  num_workers: 8
-
+@TRAIN_LOADER@
 scheduler:
   name: linear_decay_with_warmup
   t_warmup: 100ba
@@ -202,6 +190,8 @@ seed: ${variables.global_seed}
 device_train_microbatch_size: 4
 precision: amp_bf16
 """
+
+HF_PRETRAIN = HF_PRETRAIN.replace("@TRAIN_LOADER@", text_loader("train_loader", "train", True))
 
 FINETUNE = """\
 variables:
