@@ -50,8 +50,9 @@ def mcli_venv() -> Path:
         if not (folder / ".complete").exists():
             shutil.rmtree(folder, ignore_errors=True)
             venv.EnvBuilder(with_pip=True).create(folder)
-            done = subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                   f"mosaicml-cli=={MCLI_VERSION}"], capture_output=True, text=True, timeout=900)
+            done = subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q",
+                                   "--disable-pip-version-check", f"mosaicml-cli=={MCLI_VERSION}"],
+                                  capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
                 pytest.fail(f"pip install mosaicml-cli=={MCLI_VERSION} into {folder} failed (PyPI needed once): "
                             f"{done.stderr.strip()[-1500:]}")
@@ -128,8 +129,8 @@ def test_cli_session(server, client) -> None:
     """The eight steps of a MosaicML user's session, with the real CLI (independent commands at once)."""
     _, _, work = client
     ticks = "sleep 2\nfor i in 1 2 3; do echo tick $i; sleep 0.5; done"
-    clusters, *_ = mcli_at_once(client, ["get", "clusters"],
-                                ["run", "-f", str(write_run(work, "hello", 'echo "hello from mcli"\necho second line'))],
+    hello = write_run(work, "hello", 'echo "hello from mcli"\necho second line')
+    clusters, *_ = mcli_at_once(client, ["get", "clusters"], ["run", "-f", str(hello)],
                                 ["run", "-f", str(write_run(work, "long", "echo long-started\nsleep 120"))],
                                 ["run", "-f", str(write_run(work, "ticks", ticks))])
     assert [line.split()[0] for line in clusters.splitlines() if line.split()[:1] in (["cpu"], ["local"])] == \
@@ -200,7 +201,8 @@ def graphql(server, query: str, variables: dict, key: str | None) -> dict:
     return answer.json()
 
 
-RUNS = "query Q($d: GetRunsPaginatedInput!) { getRunsPaginated(getRunsPaginatedData: $d) { cursor hasNextPage runs { name status } } }"
+RUNS = ("query Q($d: GetRunsPaginatedInput!) { getRunsPaginated(getRunsPaginatedData: $d) "
+        "{ cursor hasNextPage runs { name status } } }")
 CREATE = "mutation C($d: CreateRunInput!) { createRun(createRunData: $d) { name } }"
 
 
@@ -220,6 +222,11 @@ def test_errors_codes_paging_and_teams(server, client) -> None:
     unknown_filter = graphql(server, RUNS, {"d": {"filters": {"owner": {"in": ["x"]}}}}, alice)["errors"][0]
     assert "owner" in unknown_filter["message"]
 
+    for name in ("page-a", "page-b"):
+        made = graphql(server, CREATE, {"d": {"runInput": {"runName": name, "image": "python:3.11", "command": "true",
+                                                          "compute": {"cluster": "cpu", "gpus": 0}}}}, alice)
+        assert made == {"data": {"createRun": [{"name": name}]}}
+        server.wait_done("alice", name)
     assert graphql(server, RUNS, {"d": {}}, bob)["data"]["getRunsPaginated"]["runs"] == []
     seen, cursor = [], None
     while True:
@@ -234,6 +241,13 @@ def test_errors_codes_paging_and_teams(server, client) -> None:
     assert seen == listed and len(seen) == len(set(seen)) >= 2
     completed = graphql(server, RUNS, {"d": {"filters": {"status": {"in": ["Completed"]}}}}, alice)
     assert {r["status"] for r in completed["data"]["getRunsPaginated"]["runs"]} == {"COMPLETED"}
+    for window, expected in (({"gte": "2000-01-01T00:00:00Z"}, listed), ({"lt": "2000-01-01T00:00:00+00:00"}, [])):
+        dated = graphql(server, RUNS, {"d": {"filters": {"createdAt": window, "gpuNum": {"in": [0]}}}}, alice)
+        assert [r["name"] for r in dated["data"]["getRunsPaginated"]["runs"]] == expected
+    bad_date = graphql(server, RUNS, {"d": {"filters": {"createdAt": {"lt": "yesterday"}}}}, alice)["errors"][0]
+    assert bad_date == {"message": "createdAt.lt: 'yesterday' is not an ISO 8601 time",
+                        "locations": [{"line": 1, "column": 39}], "path": ["getRunsPaginated"],
+                        "extensions": {"code": 400, "problem": "value_invalid"}}
     someone = graphql(server, RUNS, {"d": {"entity": {"emails": ["carol"]}}}, alice)
     assert someone["data"]["getRunsPaginated"]["runs"] == []
     team = graphql(server, RUNS, {"d": {"entity": {"organizationIds": ["red"]}, "limit": 100}}, alice)

@@ -87,7 +87,8 @@ def original_run_input(spec: RunSpec, cluster: str) -> dict[str, Any]:
     if spec.scheduling.max_duration is not None:
         scheduling["maxDuration"] = spec.scheduling.max_duration / 3600.0
     out: dict[str, Any] = {
-        "runName": spec.name, "image": spec.image, "command": spec.command.replace("$TESSERA_PARAMETERS", PARAMETERS_PATH),
+        "runName": spec.name, "image": spec.image,
+        "command": spec.command.replace("$TESSERA_PARAMETERS", PARAMETERS_PATH),
         "compute": {k: v for k, v in (("cluster", cluster), ("gpus", compute.gpus_per_node * compute.nodes),
                                       ("gpuType", compute.gpu_type), ("nodes", compute.nodes),
                                       ("instance", compute.instance)) if v is not None},
