@@ -14,6 +14,9 @@ B's event arrives minus when the run printed it (one host, one clock). Both repl
 environment's supervision poll (`--poll` sets TESSERA_SUPERVISOR_POLL for them; by default the server's
 own default).
 
+`--single`: one replica only, followed through itself. `--baseline OLD/src`: the single server of an older
+checkout (run with PYTHONPATH=OLD/src; `git worktree add OLD <commit>`), for comparison.
+
 Prints the figures, then one JSON line with them (the last line of stdout).
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,6 +106,9 @@ def main() -> None:
     parser.add_argument("--lines", type=int, default=300)
     parser.add_argument("--interval", type=float, default=0.1)
     parser.add_argument("--poll", type=float, default=None, help="TESSERA_SUPERVISOR_POLL of the replicas")
+    parser.add_argument("--single", action="store_true", help="one replica, followed through itself")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="the src/ folder of an older checkout: its single server, without --artifacts")
     args = parser.parse_args()
     proc = server_proc()
     folder = Path(tempfile.mkdtemp(prefix="tessera-replicas-logs-"))
@@ -111,29 +118,35 @@ def main() -> None:
     env.pop("TESSERA_SUPERVISOR_POLL", None)          # the server's own cadence unless --poll
     if args.poll is not None:
         env["TESSERA_SUPERVISOR_POLL"] = str(args.poll)
+    if args.baseline:
+        env["PYTHONPATH"] = str(args.baseline.resolve())
+        args.single = True
     replicas: list[Replica] = []
     try:
         made = subprocess.run([*proc.SERVER_CLI, "admin", "create-user", "alice", "--team", "red", "--db", db],
                               capture_output=True, text=True, env=env, timeout=120, check=True)
         key = made.stdout.strip()
-        serve = ["--db", db, "--artifacts", str(folder / "artifacts"), "--log-level", "warning"]
-        replicas = [Replica(n, folder, serve, env) for n in "ab"]
+        serve = ["--db", db, *([] if args.baseline else ["--artifacts", str(folder / "artifacts")]),
+                 "--log-level", "warning"]
+        replicas = [Replica(n, folder, serve, env) for n in ("a" if args.single else "ab")]
         ids = [r.wait_up() for r in replicas]
         script = folder / "printer.py"
         script.write_text(PRINTER)
         with httpx.Client(base_url=replicas[0].url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as a:
             a.post("runs", json={"spec": {"name": "ticker", "command": f"{sys.executable} {script} {args.lines} "
                                           f"{args.interval}"}}).raise_for_status()
-            latencies = follow(replicas[1].url, key, "ticker")
+            latencies = follow(replicas[-1].url, key, "ticker")
             described = a.get("runs/ticker").raise_for_status().json()
         supervisor = (described.get("supervisor") or {}).get("replica")
-        figures = {"db": args.db, "lines": len(latencies), "expected": args.lines, "interval_s": args.interval,
+        figures = {"code": str(args.baseline or "this checkout"), "db": args.db, "lines": len(latencies), "expected": args.lines, "interval_s": args.interval,
                    "poll_s": args.poll, "status": described["status"],
-                   "supervised_by": "a" if supervisor == ids[0] else "b" if supervisor == ids[1] else supervisor,
+                   "replicas": len(replicas), "followed_through": replicas[-1].name,
+                   "supervised_by": "ab"[ids.index(supervisor)] if supervisor in ids else supervisor,
                    "p50_ms": round(1000 * statistics.median(latencies), 1),
                    "p99_ms": round(1000 * percentile(latencies, 99), 1),
                    "max_ms": round(1000 * max(latencies), 1), "min_ms": round(1000 * min(latencies), 1)}
-        print(f"{figures['lines']}/{args.lines} lines followed through replica b ({args.db}), run submitted to a, "
+        print(f"{figures['lines']}/{args.lines} lines followed through replica {replicas[-1].name} ({args.db}), "
+              f"run submitted to a, "
               f"supervised by {figures['supervised_by']}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} "
               f"ms, max {figures['max_ms']} ms")
         print(json.dumps(figures))
@@ -142,6 +155,7 @@ def main() -> None:
             replica.stop()
         if postgres:
             postgres.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
