@@ -16,13 +16,13 @@ GraphQL error whose `extensions.code` is the HTTP status MCLI reads (`HTTPStatus
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from fastapi import WebSocket
 from graphql import GraphQLError
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 from strawberry.fastapi import BaseContext
 from strawberry.types import Info
@@ -68,7 +68,7 @@ class Context(BaseContext):
         if self._who is None:
             if not self.key:
                 raise error(NO_KEY, 401, "unauthorized")
-            found = await asyncio.to_thread(self.state.accounts.verify, self.key)
+            found = await run_in_threadpool(self.state.accounts.verify, self.key)
             if found is None:
                 raise error(BAD_KEY, 401, "unauthorized")
             self._who = found
@@ -88,9 +88,9 @@ def translated(exc: Exception) -> GraphQLError | None:
 
 
 async def call(fn: Callable[[], T]) -> T:
-    """`fn()` in a worker thread, its platform errors as GraphQL errors."""
+    """`fn()` in a worker thread (the pool the REST routes run in), its platform errors as GraphQL errors."""
     try:
-        return await asyncio.to_thread(fn)
+        return await run_in_threadpool(fn)
     except GraphQLError:
         raise
     except Exception as exc:
