@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
+from tessera.progress import WorkProgress
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
 from tessera.shards.dataset import open_dataset_store, read_index
@@ -54,21 +55,14 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
     try:
         cols = parse_columns(columns) if columns else None
         algos = [h.strip() for h in hashes.split(",")] if hashes else None
-        # auto_refresh=False: no refresh thread, so `convert` may fork its workers (see `start_method`)
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err, auto_refresh=False, transient=True) as bar:  # the summary line stays
-            task = bar.add_task("converting (chunks)", total=None, rate="")
-
-            def progress(samples: int, chunks: int) -> None:
-                secs = max(bar.tasks[0].elapsed or 1e-9, 1e-9)
-                bar.update(task, completed=chunks, rate=f"{samples:,} samples, {samples / secs:,.0f}/s", refresh=True)
-
+        # samples written so far (the total is known at the end); no refresh thread: `convert` may fork its workers
+        with WorkProgress("converting samples", err) as bar:
             options = dict(fmt=fmt, columns=cols, compression=compression, hashes=algos, size_limit=size_limit,
-                           workers=workers, mode=mode, text_field=text_field, progress=progress)
+                           workers=workers, mode=mode, text_field=text_field,
+                           progress=lambda samples, chunks: bar.update(samples))
             if engine == "ray":
                 from tessera.shards.ray_engine import convert_on_ray
 
-                bar.update(task, description="converting (parts)")
                 summary = convert_on_ray(input, out_url, address=address, **options)
             else:
                 summary = run_convert(input, out_url, **options)

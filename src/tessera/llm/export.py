@@ -30,6 +30,7 @@ import torch
 from tessera.llm.model import GPT, GPTConfig
 from tessera.llm.model_source import CONFIG, EXPORT_FORMAT, resolve_model_source
 from tessera.llm.tokenizer import Tokenizer, load_tokenizer
+from tessera.progress import WorkProgress
 from tessera.storage import NotFound, Store, open_store
 
 WEIGHTS, TOKENIZER = "model.safetensors", "tokenizer.json"
@@ -50,14 +51,25 @@ def save_pretrained(model: GPT, out: str | os.PathLike[str] | Store, tokenizer: 
     with tempfile.TemporaryDirectory(prefix="tessera-export-") as tmp:
         weights = Path(tmp) / WEIGHTS
         save_file(tensors, weights, metadata={"format": "pt", **(metadata or {})})
-        store.put_file(WEIGHTS, weights)
+        files = [(WEIGHTS, weights)]
         if tokenizer is not None:
             tokenizer.save(Path(tmp) / TOKENIZER)
-            store.put_file(TOKENIZER, Path(tmp) / TOKENIZER)
+            files.append((TOKENIZER, Path(tmp) / TOKENIZER))
+        upload_files(store, files)
     config = {"format": EXPORT_FORMAT, "version": 1, "model": model.cfg.to_dict(),
               "tokenizer": TOKENIZER if tokenizer is not None else None}
     store.put(CONFIG, json.dumps(config, indent=2).encode())
     return store.url
+
+
+def upload_files(store: Store, files: list[tuple[str, Path]]) -> None:
+    """Put each (key, local file) into `store`, in order, showing the bytes sent (tessera.progress): after
+    the load, the upload is an export's long part for a large model going to a bucket."""
+    sizes = [path.stat().st_size for _, path in files]
+    with WorkProgress(f"uploading to {store.url}", unit="bytes", total=sum(sizes)) as progress:
+        for (key, path), size in zip(files, sizes, strict=True):
+            store.put_file(key, path)
+            progress.advance(size)
 
 
 def _read_config(store: Store) -> dict[str, Any] | None:

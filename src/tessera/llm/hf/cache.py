@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from tessera.llm.model_source import is_remote
+from tessera.progress import WorkProgress
 from tessera.storage import download_from, open_store
 from tessera.stream.cache import flocked
 
@@ -56,8 +57,9 @@ def local_model_folder(url: str | os.PathLike[str], cache_dir: str | os.PathLike
             return target
         partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=root))
         try:
-            for obj in objects:
-                download_from(store, obj.key, partial / obj.key, size=obj.size)
+            with WorkProgress(f"downloading {name}", unit="bytes", total=sum(o.size for o in objects)) as progress:
+                for obj in objects:
+                    download_from(store, obj.key, partial / obj.key, size=obj.size, progress=progress.advance)
             os.rename(partial, target)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)

@@ -52,7 +52,8 @@ from tessera.llm.hf.cache import default_cache_dir
 from tessera.llm.hf.mpt import MptUnsupported, gpt_config_from_mpt, gpt_names, gpt_state_from_mpt
 from tessera.llm.model import GPT, GPTConfig
 from tessera.llm.model_source import is_remote
-from tessera.storage import download
+from tessera.progress import WorkProgress
+from tessera.storage import download_from, open_store, split_url
 from tessera.train.optim import DecoupledAdamW
 from tessera.train.time import Timestamp
 
@@ -149,7 +150,10 @@ def _local_file(url: str) -> Iterator[Path]:
         path = Path(url.removeprefix("file://")).expanduser()
         if is_remote(url):
             path = Path(tmp) / url.rstrip("/").rsplit("/", 1)[-1]
-            download(url, path)
+            root, key = split_url(url)
+            store = open_store(root)
+            with WorkProgress(f"downloading {path.name}", unit="bytes", total=store.head(key).size) as progress:
+                download_from(store, key, path, progress=progress.advance)
         if not path.is_file():
             raise ComposerCheckpointError(f"{url}: no such checkpoint file")
         with path.open("rb") as f:

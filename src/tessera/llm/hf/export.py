@@ -27,6 +27,7 @@ from tessera.llm.export import (
     load_model,
     model_config_from_run,
     tokenizer_from_run,
+    upload_files,
 )
 from tessera.llm.hf.adapter import HFCausalLM
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
@@ -153,6 +154,5 @@ def upload_folder(folder: Path, out: str | os.PathLike[str]) -> str:
     """Every file of `folder` to `out` (a folder or bucket URL), the config files last; returns the URL."""
     store = open_store(os.fspath(out))
     files = sorted((p for p in folder.rglob("*") if p.is_file()), key=lambda p: (p.name in LAST, str(p)))
-    for file in files:
-        store.put_file(file.relative_to(folder).as_posix(), file)
+    upload_files(store, [(file.relative_to(folder).as_posix(), file) for file in files])
     return store.url

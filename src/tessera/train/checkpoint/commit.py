@@ -20,6 +20,7 @@ from pathlib import Path
 
 import xxhash
 
+from tessera.progress import WorkProgress
 from tessera.storage import IntegrityError, NotFound, Store, download_from
 from tessera.storage.transfer import hash_file
 from tessera.train.checkpoint.layout import (
@@ -98,11 +99,12 @@ def commit(store: Store, manifest: CheckpointManifest) -> None:
 
 
 def fetch(store: Store, name: str, needed: Callable[[CheckpointManifest], list[str]], local: Path,
-          verify_rest: bool) -> CheckpointManifest:
+          verify_rest: bool, show_progress: bool = False) -> CheckpointManifest:
     """Verify checkpoint `name` and download the files `needed(manifest)` names into `local`.
 
     Every file must be present with its manifest size; downloaded files must match their hash, and so
     must the rest when `verify_rest`. Raises CheckpointCorrupt naming the file and what is wrong.
+    `show_progress`: the download's bytes on stderr (tessera.progress), from one rank of a run.
     """
     url = store.url_for(name)
     folder = store.child(name)
@@ -113,10 +115,14 @@ def fetch(store: Store, name: str, needed: Callable[[CheckpointManifest], list[s
     missing = [k for k in keys if k not in entries]
     if missing:
         raise CheckpointCorrupt(f"{url}: {MANIFEST} does not list {', '.join(missing)}", url)
+    total = sum(entries[key].size for key in keys)
     try:
-        for key in keys:
-            entry = entries[key]
-            download_from(folder, key, local / key, size=entry.size, hash=(HASH, entry.xxh64))
+        with WorkProgress(f"loading checkpoint {name}", unit="bytes", total=total,
+                          enabled=show_progress) as progress:
+            for key in keys:
+                entry = entries[key]
+                download_from(folder, key, local / key, size=entry.size, hash=(HASH, entry.xxh64),
+                              progress=progress.advance)
         for key in sorted(set(entries) - set(keys)) if verify_rest else ():
             digest = xxhash.xxh64(folder.get(key)).hexdigest()
             if digest != entries[key].xxh64:

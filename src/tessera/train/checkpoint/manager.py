@@ -364,7 +364,8 @@ class CheckpointManager:
         local = Path(tempfile.mkdtemp(prefix=f"tessera-load-{name}-r{self.rank}-", dir=self.staging_dir))
         try:
             # Rank 0 also hashes the files only other ranks read (their RNG and dataloader states).
-            manifest = fetch(store, name, needed, local, verify_rest=self.rank == 0 and not weights_only)
+            manifest = fetch(store, name, needed, local, verify_rest=self.rank == 0 and not weights_only,
+                             show_progress=self.rank == 0)
         except BaseException:
             shutil.rmtree(local, ignore_errors=True)
             raise
