@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
+from tessera.progress import WorkProgress
 from tessera.shards import ShardError
 from tessera.shards.errors import DatasetExists
 from tessera.shards.sources import SourceError
@@ -100,20 +100,13 @@ def prep(input: str = typer.Argument(..., help="Text files folder, JSONL or Parq
         return
 
     try:
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), console=err,
-                      disable=as_json) as bar:
-            task = bar.add_task("tokenizing (chunks)", total=None, rate="")
-
-            def progress(summary: Any, done: int, total: int) -> None:
-                bar.update(task, completed=done, total=total,
-                           rate=f"{summary.tokens:,} tokens, {summary.tokens_per_second:,.0f} tok/s")
-
+        with WorkProgress("tokenizing chunks", err, enabled=not as_json) as bar:
             summary = run_prep(input, out_url, tokenizer, seq_len=seq_len, text_field=text_field, fmt=fmt,
                                suffixes=suffix or None,
                                val_fraction=val_fraction, workers=workers, compression=compression,
                                size_limit=size_limit, mode="overwrite" if overwrite else "create",
-                               progress=progress, engine=engine, address=address)
+                               progress=lambda summary, done, total: bar.update(done, total), engine=engine,
+                               address=address)
     except DatasetExists as exc:
         fail(exc.for_overwrite_only())
     except ERRORS as exc:

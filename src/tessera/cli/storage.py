@@ -7,21 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
 
 from tessera.cli.console import err, fail
+from tessera.progress import WorkProgress, human_bytes
 from tessera.storage import StorageError, Store, copy_between, open_store, split_url
 from tessera.storage.url import parse_url
 
 app = typer.Typer(help="List, copy and remove objects in local folders and buckets.", no_args_is_help=True)
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
 
 
 @app.command("ls")
@@ -38,7 +30,7 @@ def ls(url: str, as_json: bool = typer.Option(False, "--json", help="One JSON ob
     except StorageError as exc:
         fail(exc)
     if not as_json:
-        err.print(f"{count} objects, {_human(total)}")
+        err.print(f"{count} objects, {human_bytes(total)}")
 
 
 def _pairs(src: str, dst: str, recursive: bool) -> Iterator[tuple[Store, str, Store, str, int]]:
@@ -63,15 +55,12 @@ def cp(src: str, dst: str, recursive: bool = typer.Option(False, "-r", "--recurs
     try:
         pairs = list(_pairs(src, dst, recursive))
         total = sum(p[4] for p in pairs)
-        columns = ("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
-                   TransferSpeedColumn(), TimeRemainingColumn())
-        with Progress(*columns, console=err, transient=False) as bar:
-            task = bar.add_task(f"copy {len(pairs)} object(s)", total=total)
+        with WorkProgress(f"copying {len(pairs)} object(s)", err, unit="bytes", total=total) as bar:
             for src_store, src_key, dst_store, dst_key, _ in pairs:
-                copy_between(src_store, src_key, dst_store, dst_key, progress=lambda n: bar.advance(task, n))
+                copy_between(src_store, src_key, dst_store, dst_key, progress=bar.advance)
     except StorageError as exc:
         fail(exc)
-    err.print(f"copied {len(pairs)} object(s), {_human(total)}")
+    err.print(f"copied {len(pairs)} object(s), {human_bytes(total)}")
 
 
 @app.command("rm")
