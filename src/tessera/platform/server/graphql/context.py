@@ -20,7 +20,6 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fastapi import WebSocket
 from graphql import GraphQLError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
@@ -76,9 +75,9 @@ class Context(BaseContext):
 
 
 async def context_of(connection: HTTPConnection) -> Context:
-    """FastAPI's dependency: a request's headers carry the key; a websocket's comes with connection_init."""
-    headers = None if isinstance(connection, WebSocket) else dict(connection.headers)
-    return Context(connection.app.state.server, key_of(headers))
+    """FastAPI's dependency: the key in the request's headers (a websocket's upgrade request too, though
+    MCLI's comes with connection_init, which then takes precedence: schema.py)."""
+    return Context(connection.app.state.server, key_of(dict(connection.headers)))
 
 
 def translated(exc: Exception) -> GraphQLError | None:

@@ -72,7 +72,8 @@ SCHEMA = MCLISchema(query=Query, mutation=Mutation, subscription=Subscription)
 class MCLIRouter(GraphQLRouter[Context, None]):
     async def on_ws_connect(self, context: Context) -> None:
         """Take the key from connection_init; acknowledge even a bad one (context.py says why)."""
-        context.key = key_of(context.connection_params if isinstance(context.connection_params, dict) else None)
+        params = context.connection_params if isinstance(context.connection_params, dict) else None
+        context.key = key_of(params) or context.key
 
 
 def router() -> MCLIRouter:
