@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from typer.testing import CliRunner
 
+from tessera.cli.server import app as server_cli
 from tessera.platform.runs import shipping
 from tessera.platform.runs.artifacts import ArtifactStore
 from tessera.platform.runs.chunks import ArtifactError, Chain
@@ -371,6 +373,22 @@ def test_a_real_run_is_followed_through_an_s3_artifacts_root(s3_bucket: str, tmp
     assert RunSpec.model_validate(yaml.safe_load(store.get(prefix + "spec.yaml"))) == run.spec
     assert read_metrics(platform.artifacts, run.id, REDACT) == ([{"step": 1, "loss": 2.5}], 1)
     assert not (platform.home / "artifacts").exists()
+    platform.delete_run("live")
+    assert list(store.list()) == []
+
+
+@pytest.mark.parametrize(("url", "code", "message"), [
+    ("s3:/bucket/x", 2, "s3:/bucket/x: a URL needs two slashes after 's3:' (write s3://bucket/x)"),
+    ("s3://no-such-bucket-tessera/x", 1, "BucketNotFound: s3://no-such-bucket-tessera/x: bucket does not exist"),
+])
+def test_a_bad_artifacts_url_stops_the_server_in_one_line(tmp_path: Path, url: str, code: int, message: str,
+                                                          request: pytest.FixtureRequest) -> None:
+    if url.startswith("s3://"):
+        request.getfixturevalue("s3_bucket")          # the SeaweedFS server and its credentials
+    result = CliRunner().invoke(server_cli, ["start", "--home", str(tmp_path / "home"), "--artifacts", url])
+    assert result.exit_code == code, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in result.output
 
 
 # --- names --------------------------------------------------------------------------------------------
