@@ -11,17 +11,27 @@ ANCHOR_NEEDS := zstd python-snappy Brotli xxhash catalogue tqdm boto3 lightning-
 
 .PHONY: setup test demo demo-finetune bench lint docs clean
 
+# Each step of `make setup` says what it installs and how far it is; pip shows its download bars for the
+# large steps (the environment grows to ~3.3 GB, most of it torch, Ray and Spark). No commas in a STEP's text.
+STEP = @echo "==> setup [$(1)/5] $(2)"
+
 $(BIN)/python:
+	$(call STEP,1,a virtual environment in $(VENV) with the newest pip)
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	@# The CPU torch wheel first, so nothing later resolves a CUDA build.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_PIN)"
-	$(BIN)/pip install -q -e ".[dev,docs,bench,ray,spark,trackers,postgres,browser]"
+	$(call STEP,2,torch CPU build $(TORCH_PIN): ~200 MB to download and ~750 MB installed)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install --progress-bar on "$(TORCH_PIN)"
+	$(call STEP,3,Tessera and its extras: dev docs bench ray spark trackers postgres browser (~2.5 GB))
+	$(BIN)/pip install --progress-bar on -e ".[dev,docs,bench,ray,spark,trackers,postgres,browser]"
+	$(call STEP,4,what the benchmark anchors need at run time: zstd boto3 transformers and 8 more)
 	$(BIN)/pip install -q $(ANCHOR_NEEDS)
+	$(call STEP,5,the anchors we measure against: $(ANCHORS))
 	$(BIN)/pip install -q --no-deps $(ANCHORS)
-	touch $@
+	@touch $@
+	@echo "==> setup done: $(VENV) ($$(du -sh $(VENV) | cut -f1))"
 
 setup: $(VENV)/.installed
 
