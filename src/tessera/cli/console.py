@@ -23,4 +23,6 @@ def fail(exc: Exception | str, *, code: int = 1, debug: bool = False) -> None:
     if isinstance(exc, MalformedURL):  # a typo in a URL the user gave is a usage error, wherever it is caught
         code = 2
     err.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)  # one line, however long
+    if getattr(exc, "excerpt", None):  # the line a syntax error is on, with a caret (syntax_errors.py)
+        err.print(exc.excerpt.strip("\n"), soft_wrap=True, markup=False, highlight=False)  # type: ignore[union-attr]
     raise typer.Exit(code)

@@ -283,13 +283,17 @@ def _icl_section(file: str) -> Any:
     from pydantic import ValidationError
 
     from tessera.llm.icl.config import ICLSection
+    from tessera.syntax_errors import yaml_error
     from tessera.typed_config import error_lines
 
     try:
         with open(file, encoding="utf-8") as f:
-            tree = yaml.safe_load(f)
+            text = f.read()
+        tree = yaml.safe_load(text)
     except OSError as exc:
         raise FileNotFoundError(f"--icl-tasks {file}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(yaml_error(exc, text, f"--icl-tasks {file}")) from None
     if not isinstance(tree, dict) or "icl_tasks" not in tree:
         raise ValueError(f"--icl-tasks {file}: expected a mapping with an icl_tasks list")
     keys = {k: tree[k] for k in ICLSection.model_fields if k in tree}

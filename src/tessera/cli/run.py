@@ -19,6 +19,7 @@ from tessera.platform import Platform, PlatformError, RunExists, RunStateError, 
 from tessera.platform.api.client import RemotePlatform
 from tessera.platform.api.connection import connect
 from tessera.platform.spec.run_spec import format_duration
+from tessera.syntax_errors import yaml_error
 
 app = typer.Typer(help="Submit runs and watch, stop, restart, move, clone or delete them.", no_args_is_help=True)
 AnyPlatform = Platform | RemotePlatform
@@ -220,11 +221,12 @@ def convert(file: str = typer.Argument(..., help="An MCLI run YAML.")) -> None:
 
     try:
         with open(file, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
+            text = f.read()
+        data = yaml.safe_load(text)
     except OSError as exc:
         fail(f"cannot read {file}: {exc.strerror or exc}", code=2)
     except yaml.YAMLError as exc:
-        fail(f"{file} is not valid YAML: {' '.join(str(exc).split())}", code=2)
+        fail(yaml_error(exc, text, file), code=2)
     if not isinstance(data, dict):
         fail(f"{file}: expected a mapping of MCLI keys (run_name, command, compute, ...)", code=2)
     try:

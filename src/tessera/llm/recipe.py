@@ -42,6 +42,7 @@ from tessera.llm.model_source import is_hub_id
 from tessera.llm.recipe_required import must_be_set_message, placeholder_overrides, unset_keys
 from tessera.stream.config import StreamConfig, StreamingConfig
 from tessera.suggest import closest, hint
+from tessera.syntax_errors import yaml_error
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
 from tessera.train.logger_settings import LOGGERS, as_mapping
 from tessera.train.time import Time
@@ -241,14 +242,12 @@ def _read(path: str) -> dict[str, Any]:
 
 
 def _yaml(text: str, where: str) -> Any:
-    """Plain YAML only: a tag such as `!!python/object` is refused with the line it is on, in one line."""
+    """Plain YAML only: a syntax error, or a tag such as `!!python/object`, is refused naming the line and
+    showing it with a caret under the column (syntax_errors.py)."""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
-        raise RecipeError(f"{where}: not valid plain YAML{at}: {problem}") from None
+        raise RecipeError(yaml_error(exc, text, where, "not valid plain YAML")) from None
     except RecursionError:
         raise RecipeError(f"{where}: YAML nested too deeply") from None
 

@@ -33,6 +33,7 @@ from typing import Any
 from tessera.shards.compression import parse_compression
 from tessera.shards.errors import IndexFormatError, PathTraversal
 from tessera.shards.hashing import is_hash
+from tessera.syntax_errors import json_excerpt, json_problem, with_excerpt
 
 INDEX_BASENAME = "index.json"
 
@@ -316,7 +317,9 @@ class DatasetIndex:
         """
         try:
             obj = json.loads(text)
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        except json.JSONDecodeError as err:  # the line and column, and the line with a caret under it
+            raise with_excerpt(IndexFormatError(file, json_problem(err)), json_excerpt(err)) from None
+        except UnicodeDecodeError as err:
             raise IndexFormatError(file, f"not valid JSON ({err})") from None
         except RecursionError:
             raise IndexFormatError(file, "JSON nested too deeply to be an index (refused)") from None

@@ -33,6 +33,7 @@ from tessera.shards.inputs import (
     read_all,
     read_range,
 )
+from tessera.syntax_errors import excerpt, with_excerpt
 
 LINE_CHUNK = 4 << 20  # bytes of JSONL / text lines per chunk (small enough to keep N workers busy)
 FILES_PER_CHUNK = 256  # text or image files per chunk
@@ -164,7 +165,8 @@ def _read_jsonl(chunk: Chunk) -> Located:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise SourceError(f"{locate(chunk, i)}: bad JSON: {exc.msg} (column {exc.colno})") from None
+            raise with_excerpt(SourceError(f"{locate(chunk, i)}: bad JSON: {exc.msg} (column {exc.colno})"),
+                               excerpt(exc.doc, exc.colno)) from None
         except UnicodeDecodeError as exc:
             raise SourceError(f"{locate(chunk, i)}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
         except RecursionError:

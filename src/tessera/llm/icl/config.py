@@ -23,6 +23,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tessera.syntax_errors import yaml_error
+
 TaskType = Literal["language_modeling", "multiple_choice", "schema", "question_answering"]
 FOUNDRY_TASK_TYPES = {"generation_task_with_answers": "question_answering"}
 
@@ -112,7 +114,11 @@ def read_section(value: Any, key: str) -> Any:
     path = Path(value)
     if not path.is_file():
         raise ValueError(f"{value}: no such file (give the {key} section itself or a YAML file holding it)")
-    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(yaml_error(exc, text, value)) from None
     return data.get(key, data) if isinstance(data, dict) else data
 
 

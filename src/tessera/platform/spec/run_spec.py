@@ -53,6 +53,7 @@ from tessera.platform.spec.schema import (
     parse_duration,
     validate_name,
 )
+from tessera.syntax_errors import yaml_error
 
 __all__ = [
     "MAX_CPUS_PER_NODE", "MAX_GPUS_PER_NODE", "MAX_INTEGRATIONS", "MAX_METADATA_BYTES", "MAX_NODES",
@@ -90,5 +91,5 @@ def parse_spec(text: str, source: str = "run spec") -> RunSpec:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise SpecError(f"{source} is not valid YAML: {exc}") from None
+        raise SpecError(yaml_error(exc, text, source)) from None
     return validate_spec(data, source)
