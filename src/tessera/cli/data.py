@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from typing import Any
 
 import numpy as np
 import typer
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tessera.cli.console import err, fail, out
 from tessera.progress import WorkProgress
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
-from tessera.shards.dataset import open_dataset_store, read_index
+from tessera.shards.dataset import index_bytes, open_dataset_store
 from tessera.shards.errors import DatasetExists
+from tessera.shards.index import INDEX_BASENAME
+from tessera.shards.index_check import scan_index
 from tessera.shards.interrupted import Interrupted, InterruptedWrite
 from tessera.shards.merge import merge_parts
 from tessera.shards.session import JOURNAL_BASENAME
@@ -84,29 +84,32 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
               f"({summary.samples_per_second:,.0f} samples/s, {summary.mb_per_second:,.1f} MB/s)")
 
 
-def _describe(url: str, split: str | None) -> dict[str, Any]:
+def _describe(url: str, split: str | None, workers: int | None) -> dict[str, Any]:
+    """inspect's figures from a scan of index.json (index_check.py: no object per shard)."""
     store = open_dataset_store(url, split)
-    index = read_index(store)
-    raw = sum(e.raw_data.bytes for e in index.shards)
-    stored = sum(e.stored.bytes for e in index.shards)
-    first = index.shards[0] if index.shards else None
+    scan = scan_index(index_bytes(store), store.url_for(INDEX_BASENAME), workers)
+    if scan.error or scan.facts.hidden:  # refused as every reader refuses it
+        raise scan.error or scan.facts.hidden[0]
+    facts = scan.facts
     return {
-        "url": store.url, "samples": index.num_samples, "shards": len(index.shards),
-        "columns": dict(zip(first.column_names, first.column_encodings, strict=True)) if first else {},
-        "formats": dict(Counter(e.format for e in index.shards)),
-        "compression": sorted({e.compression or "none" for e in index.shards}),
-        "hashes": sorted({h for e in index.shards for h in e.hashes}),
-        "raw_bytes": raw, "stored_bytes": stored, "compression_ratio": raw / stored if stored else 1.0,
-        "extensions": sorted(index.extensions),
+        "url": store.url, "samples": facts.samples, "shards": scan.shards, "columns": facts.columns or {},
+        "formats": dict(facts.formats), "compression": sorted(facts.compression), "hashes": sorted(facts.hashes),
+        "raw_bytes": facts.raw_bytes, "stored_bytes": facts.stored_bytes,
+        "compression_ratio": facts.raw_bytes / facts.stored_bytes if facts.stored_bytes else 1.0,
+        "extensions": sorted(scan.index.extensions),
     }
+
+
+WORKERS_HELP = "Processes that check the index and shards (default: one per CPU for a large index)."
 
 
 @app.command()
 def inspect(url: str, split: str = typer.Option(None, help="Sub-folder holding the split's index.json."),
-            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+            as_json: bool = typer.Option(False, "--json", help="Print JSON."),
+            workers: int = typer.Option(None, min=1, help=WORKERS_HELP)) -> None:
     """Samples, shards, columns and encodings, raw and stored bytes, compression ratio."""
     try:
-        info = _describe(url, split)
+        info = _describe(url, split, workers)
     except ERRORS as exc:
         fail(exc)
     if as_json:
@@ -148,12 +151,15 @@ def head(url: str, n: int = typer.Option(5, "-n", help="How many samples."),
 @app.command()
 def verify(url: str, split: str = typer.Option(None), quick: bool = typer.Option(
         False, help="Check sizes, hashes and headers only; do not decode every sample."),
-        allow_unsafe_types: bool = typer.Option(False)) -> None:
+        allow_unsafe_types: bool = typer.Option(False),
+        index_only: bool = typer.Option(False, help="Check index.json alone, not the shard files."),
+        workers: int = typer.Option(None, min=1, help=WORKERS_HELP),
+        progress_every: float = typer.Option(5.0, min=0, help="Without a terminal: seconds between progress "
+                                                              "lines.")) -> None:
     """Check every shard's size, hashes and structure; exit 1 and list each problem if any."""
-    with Progress(console=err, transient=True) as bar:
-        task = bar.add_task("verifying shards", total=None)
+    with WorkProgress("verifying shards", err, every=progress_every) as bar:
         report = verify_dataset(url, split, decode=not quick, allow_unsafe_types=allow_unsafe_types,
-                                progress=lambda done, total: bar.update(task, completed=done, total=total))
+                                progress=bar.update, index_only=index_only, workers=workers)
     if report.index_error is not None:
         fail(report.index_error)
     for problem in report.problems:  # one line each (no wrapping), brackets kept (no markup)
@@ -161,7 +167,8 @@ def verify(url: str, split: str = typer.Option(None), quick: bool = typer.Option
     if not report.ok:
         err.print(f"{len(report.problems)} problem(s) in {report.url}")
         raise typer.Exit(1)
-    err.print(f"ok: {report.shards} shards, {report.samples:,} samples in {report.url}")
+    what = "index.json of " if index_only else ""
+    err.print(f"ok: {what}{report.shards:,} shards, {report.samples:,} samples in {report.url}", soft_wrap=True)
 
 
 @app.command()
