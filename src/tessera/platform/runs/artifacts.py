@@ -63,10 +63,6 @@ class ArtifactStore:
     def open(cls, url: str, team: str) -> ArtifactStore:
         return cls(open_store(url), team)
 
-    @property
-    def url(self) -> str:
-        return self.store.url
-
     def run_prefix(self, run_id: str) -> str:
         return f"{self.team}/runs/{validate_name(run_id, 'run id')}/"
 

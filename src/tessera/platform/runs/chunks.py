@@ -115,9 +115,6 @@ class Chain:
             size += length
         return self._fetch(seqs), False
 
-    def delete(self) -> None:
-        self.store.delete_many(info.key for info in self.store.list(self.prefix))
-
     def _fetch(self, seqs: list[int]) -> list[Chunk]:
         if len(seqs) <= 1 or self.store.local_path(self.key(seqs[0])) is not None:
             return [self.get(seq) for seq in seqs]
