@@ -588,3 +588,24 @@ def test_gpt2_finetunes_on_local_prompt_response(made, tmp_path: Path, monkeypat
                   f"tokenizer.name={made['gpt2']}", f"train_loader.dataset.hf_name={made['sft']}")
     trained(res)
     assert "40 examples of 40 records" in res.output
+
+
+def test_preprocessing_fn_maps_each_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Foundry's `preprocessing_fn: module:function` runs on every record before it is read as a row; what
+    it raises makes that record a bad row (named with its place); a module that is not there, one line."""
+    from tessera.llm.finetune.prep import prep_examples
+    from tessera.llm.finetune.rows import ExampleError
+
+    (tmp_path / "my_prep.py").write_text(
+        "def dolly(r):\n    return {'prompt': r['instruction'] + '\\n', 'response': r['output']}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = tmp_path / "dolly.jsonl"
+    rows = [{"instruction": f"say {i}", "output": f" {i}"} for i in range(5)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = prep_examples(data, tmp_path / "out", "byte", seq_len=32, preprocessing_fn="my_prep:dolly")
+    assert (summary.examples, summary.bad_rows) == (5, 0)
+    data.write_text(data.read_text() + json.dumps({"question": "no instruction"}) + "\n")
+    with pytest.raises(ExampleError, match=r"dolly.jsonl, line 6: preprocessing_fn=my_prep:dolly raised KeyError"):
+        prep_examples(data, tmp_path / "out2", "byte", seq_len=32, preprocessing_fn="my_prep:dolly")
+    with pytest.raises(ExampleError, match=r"preprocessing_fn=my_prep:nothing: cannot import it"):
+        prep_examples(data, tmp_path / "out3", "byte", seq_len=32, preprocessing_fn="my_prep:nothing")

@@ -17,6 +17,7 @@ documented here, in one place.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
@@ -26,6 +27,7 @@ from tessera.llm.finetune.reader import DEFAULT_MAX_RECORD_BYTES
 from tessera.shards.sizes import parse_size
 
 OnBadRow = Literal["error", "skip"]
+_FUNCTION = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
 
 
 class ExampleOptions(BaseModel):
@@ -47,6 +49,17 @@ class ExampleOptions(BaseModel):
     max_record_bytes: int = Field(DEFAULT_MAX_RECORD_BYTES, ge=1,
                                   description="A record (JSONL line) longer than this is a bad row, never read "
                                               "whole (bytes, or '64mb').")
+    preprocessing_fn: str | None = Field(None, description="module.path:function applied to each record before it "
+                                                           "is read (LLM Foundry's preprocessing_fn): it returns "
+                                                           "{prompt, response} or {messages}; the module must be "
+                                                           "importable (PYTHONPATH); an error in it makes a bad row.")
+
+    @field_validator("preprocessing_fn")
+    @classmethod
+    def _function_path(cls, value: str | None) -> str | None:
+        if value is not None and not _FUNCTION.fullmatch(value):
+            raise ValueError(f"preprocessing_fn {value!r} must look like module.path:function")
+        return value
 
     @field_validator("max_record_bytes", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ globally, sends each to val or train by a hash of its number, and builds rows.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import time
@@ -120,10 +121,13 @@ def encode_chunk(chunk: Chunk, opts: ExampleOptions, seq_len: int) -> ChunkExamp
     out = ChunkExamples(np.zeros(0, np.uint32), np.zeros(0, bool), np.zeros(0, np.int64))
     tokens, losses, lengths = [], [], []
     records = ChunkRecords(chunk, opts.max_record_bytes)
+    preprocess = record_function(opts.preprocessing_fn) if opts.preprocessing_fn else None
     for position, record in records:
         try:
             if isinstance(record, BadRecord):
                 raise ExampleError(record.reason)
+            if preprocess is not None:
+                record = _preprocessed(preprocess, record, opts.preprocessing_fn)
             row = bounded(parse_row(record, opts.format, opts.text_field), tok, seq_len, opts.loss_on)
             kept = fit(encode_row(row, tok, opts.loss_on), seq_len, opts.truncation)
         except (ExampleError, ChatTemplateError) as exc:
@@ -148,6 +152,26 @@ def encode_chunk(chunk: Chunk, opts: ExampleOptions, seq_len: int) -> ChunkExamp
     out.lengths = np.asarray(lengths, dtype=np.int64)
     out.covered = records.covered
     return out
+
+
+def record_function(path: str) -> Callable[[Any], Any]:
+    """The `module.path:function` of `preprocessing_fn`, imported (once per process); ExampleError naming it."""
+    module, _, name = path.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ExampleError(f"preprocessing_fn={path}: cannot import it ({exc}); put its module on PYTHONPATH") from None
+    if not callable(function):
+        raise ExampleError(f"preprocessing_fn={path}: not a function")
+    return function
+
+
+def _preprocessed(function: Callable[[Any], Any], record: Any, path: str | None) -> Any:
+    """The record as the user's function returns it; whatever it raises makes the record a bad row."""
+    try:
+        return function(record)
+    except Exception as exc:  # the user's code: any failure is this record's, reported with its place
+        raise ExampleError(f"preprocessing_fn={path} raised {type(exc).__name__}: {exc}") from None
 
 
 def _encode_task(args: tuple[Chunk, ExampleOptions, int]) -> ChunkExamples:
@@ -182,6 +206,8 @@ def prep_examples(input: str | os.PathLike[str] | Sequence[str | os.PathLike[str
     `options`: `ExampleOptions`' fields (loss_on, truncation, pack, text_field, on_bad_row, max_record_bytes).
     """
     opts = example_options(format=fmt, **options)
+    if opts.preprocessing_fn:
+        record_function(opts.preprocessing_fn)  # fail here, not in a worker, when it cannot be imported
     check_prep_options(seq_len, val_fraction, mode)
     tok = load_example_tokenizer(tokenizer)  # fail here, not in a worker, when it is bad
     spec = tokenizer if isinstance(tokenizer, str | os.PathLike) else tok.inner

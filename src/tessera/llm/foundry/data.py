@@ -9,7 +9,8 @@
 - `name: finetuning`: prompt/response (or chat) examples, from `hf_name` (a local or bucket JSONL /
   Parquet file or folder, or `json` with `hf_kwargs.data_files`/`data_dir`) or from MDS `streams` /
   `local` / `remote`, prepared into Tessera's cache and packed when `packing_ratio` is set. The loss
-  follows `target_prompts` / `target_responses`.
+  follows `target_prompts` / `target_responses`; a `preprocessing_fn` (module:function) is applied to each
+  record first, as Foundry applies it.
 Loader settings that only tune how batches are fetched (pin_memory, prefetch_factor, drop_last...) have
 no counterpart to set; settings that would change which samples a batch holds are refused unless Tessera
 does the same.
@@ -104,13 +105,10 @@ def _finetuning(dataset: dict[str, Any], where: str) -> dict[str, Any]:
     if dataset.get("decoder_only_format", True) is False:
         raise refuse(f"{where}.decoder_only_format", "encoder-decoder examples: Tessera trains decoder-only "
                                                      "causal language models", False)
-    if dataset.get("preprocessing_fn") is not None:
-        raise refuse(f"{where}.preprocessing_fn", "Tessera does not import your code: write the examples once as "
-                                                  "JSONL of prompt/response (or messages) records, e.g. with that "
-                                                  "function, and give that file as hf_name",
-                     dataset["preprocessing_fn"])
     out: dict[str, Any] = {"path": _examples_path(dataset, where), "format": "auto", "truncation": "prompt_first",
                            "pack": dataset.get("packing_ratio") is not None, "loss_on": _loss_on(dataset, where)}
+    if dataset.get("preprocessing_fn") is not None:  # the user's module:function, applied to each record
+        out["preprocessing_fn"] = dataset["preprocessing_fn"]
     return out
 
 
