@@ -65,7 +65,8 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
     if plan:
         from tessera.cli.plan import print_plan  # torch: only for a plan
 
-        print_plan(recipe, overrides or [], gpu, nodes, gpus_per_node or nproc, efficiency, as_json, debug)
+        with one_line_warnings():
+            print_plan(recipe, overrides or [], gpu, nodes, gpus_per_node or nproc, efficiency, as_json, debug)
         return
     launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # a process torchrun started
     try:
