@@ -78,9 +78,11 @@ def start(host: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.
     """Serve the API (/api/v1) and the web console (/) until interrupted."""
     import uvicorn
 
+    from tessera.platform.clusters.environment import withhold_server_credentials
     from tessera.platform.server.app import create_app
     from tessera.platform.store.db import safe_url
 
+    withhold_server_credentials()   # the replica's bucket keys stay out of the runs it launches
     settings = _settings(home, db, host=host, port=port, artifacts=artifacts, lease_seconds=lease_seconds)
     try:
         application = create_app(settings)

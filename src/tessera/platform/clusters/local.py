@@ -33,6 +33,7 @@ from tessera.platform.clusters.base import (
     write_launch_files,
 )
 from tessera.platform.clusters.containers import CONTAINER_PYTHON, container_name, local_runtime, runtime_argv
+from tessera.platform.clusters.environment import inherited_environment
 from tessera.platform.errors import ClusterError
 from tessera.platform.spec.run_spec import RunSpec
 
@@ -88,7 +89,7 @@ class LocalBackend(ClusterBackend):
                            secrets_in_file=False, notes=notes)
         given = {**request.env, **request.secret_env, **{var: str(path) for path, _, var in request.secret_files},
                  "NODE_RANK": "0", "NNODES": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-        env = {**os.environ, **given}
+        env = {**inherited_environment(), **given}
         for key in [k for k in env if k.startswith("SLURM_")]:
             del env[key]     # a local run started from inside a Slurm job must not look like one
         argv = [sys.executable, str(request.folder / "launch.py")]

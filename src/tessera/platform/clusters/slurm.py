@@ -33,6 +33,7 @@ from tessera.platform.clusters.base import (
     write_launch_files,
 )
 from tessera.platform.clusters.containers import CONTAINER_PYTHON, apptainer_prefix, pyxis_args
+from tessera.platform.clusters.environment import inherited_environment
 from tessera.platform.errors import ClusterError
 from tessera.platform.spec.run_spec import RunSpec
 
@@ -116,7 +117,7 @@ class SlurmBackend(ClusterBackend):
         return [], [python, script], [no_runtime_note(str(image))]
 
     def _env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
+        env = inherited_environment()
         if self.config.get("slurm_conf"):
             env["SLURM_CONF"] = str(self.config["slurm_conf"])
         env.update(extra or {})
