@@ -1,5 +1,5 @@
-"""Secrets: encrypted at rest (Fernet; key from TESSERA_SECRET_KEY, TESSERA_SECRET_KEY_FILE or
-<home>/secret.key made 0600), migrated from the old plaintext layout, injected into runs, never shown."""
+"""Secrets: encrypted at rest in the store (Fernet; key from TESSERA_SECRET_KEY, TESSERA_SECRET_KEY_FILE or
+<home>/secret.key made 0600), imported from the old plaintext layout, injected into runs, never shown."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 from cryptography.fernet import Fernet
 from hypothesis import given
 from hypothesis import strategies as st
+from sqlalchemy import text
 from test_secret_types import isolated_home
 from typer.testing import CliRunner
 
@@ -56,10 +57,10 @@ def fill(store: SecretStore, tmp_path: Path) -> None:
 def test_every_byte_at_rest_is_encrypted(tmp_path: Path) -> None:
     store = SecretStore(tmp_path / "home")
     fill(store, tmp_path)
-    assert mode(store.root) == 0o700 and mode(store.home) == 0o700
+    assert mode(store.home) == 0o700
     assert mode(store.home / "secret.key") == 0o600                      # made on first use
-    for path in store.root.rglob("*"):
-        assert mode(path) == (0o700 if path.is_dir() else 0o600), path
+    for path in store.home.glob("store.db*"):                             # the store's table holds them
+        assert mode(path) == 0o600, path
     on_disk = all_bytes(store.home)
     assert not [v for v in VALUES if v.encode() in on_disk]
     assert b"API_TOKEN" not in on_disk and b"AKIDEXAMPLE" not in on_disk   # names of variables too
@@ -128,8 +129,10 @@ def test_a_key_another_process_just_made_is_kept(tmp_path: Path) -> None:
     first = path.read_bytes()
     _create_key_file(path)                       # lost the race: the file appeared before its link
     assert path.read_bytes() == first and [p.name for p in path.parent.iterdir()] == ["secret.key"]
-    SecretStore(tmp_path / "home").create_env("api", {"API_TOKEN": ENV_VALUE})
-    assert Fernet(first).decrypt((tmp_path / "home" / "secrets" / "api.secret").read_bytes())
+    store = SecretStore(tmp_path / "home")
+    store.create_env("api", {"API_TOKEN": ENV_VALUE})
+    with store.engine.connect() as c:
+        assert Fernet(first).decrypt(c.execute(text("SELECT token FROM secrets WHERE name = 'api'")).scalar())
 
 
 def test_plaintext_secrets_of_earlier_versions_are_encrypted_on_first_access(tmp_path: Path) -> None:
@@ -145,7 +148,7 @@ def test_plaintext_secrets_of_earlier_versions_are_encrypted_on_first_access(tmp
     (root / "files" / "key" / "k.pem").write_text(FILE_LINE + "\n")
     store = SecretStore(tmp_path / "home")
     assert store.get("api").env() == {"API_TOKEN": ENV_VALUE}
-    assert sorted(p.name for p in root.iterdir()) == ["api.secret", "key.secret", "r2.secret"]
+    assert not root.exists()                      # imported into the store's table, encrypted, then removed
     assert not [v for v in VALUES if v.encode() in all_bytes(tmp_path / "home")]
     assert [(i.name, i.type, i.created) for i in store.list()] == [("api", "env", 1.5), ("key", "file", 3.5),
                                                                    ("r2", "s3", 2.5)]

@@ -38,8 +38,10 @@ def make_engine(db_url: str) -> Engine:
     try:
         url = make_url(db_url)
         if url.get_backend_name() == "sqlite":
-            engine = create_engine(url, connect_args={"check_same_thread": False,
-                                                      "timeout": BUSY_TIMEOUT_MS / 1000})
+            # a connection is cheap, and one waiting for the write lock holds its own: a pool as large as
+            # the server's worker threads, so none of them waits for a connection instead
+            engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": BUSY_TIMEOUT_MS / 1000},
+                                   pool_size=10, max_overflow=50)
             event.listen(engine, "connect", _sqlite_connect)
             event.listen(engine, "begin", _sqlite_begin)
             return engine
