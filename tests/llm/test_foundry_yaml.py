@@ -609,3 +609,53 @@ def test_preprocessing_fn_maps_each_record(tmp_path: Path, monkeypatch: pytest.M
         prep_examples(data, tmp_path / "out2", "byte", seq_len=32, preprocessing_fn="my_prep:dolly")
     with pytest.raises(ExampleError, match=r"preprocessing_fn=my_prep:nothing: cannot import it"):
         prep_examples(data, tmp_path / "out3", "byte", seq_len=32, preprocessing_fn="my_prep:nothing")
+
+
+def test_text_windows_truncate_pad_and_mask(made) -> None:
+    """A `text` column as Foundry's text loader makes it: ids cut at seq_len, padded after, padding out of
+    the loss (and out of attention_mask); with a transformers tokenizer, its own special tokens."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from tessera.llm.text_windows import TextWindows
+    from tessera.llm.tokenizer import load_tokenizer
+
+    ours = load_tokenizer(made["neox-tok"] / "tokenizer.json")
+    short, long = "the fox", " ".join(WORDS * 3)
+    batch = TextWindows(ours, 8)({"text": [short, long]})
+    ids = ours.encode(short)
+    assert len(ids) < 8 and len(ours.encode(long)) > 8
+    want = torch.tensor([ids + [ours.eos_id] * (8 - len(ids)), ours.encode(long)[:8]])
+    assert torch.equal(batch["tokens"], want)
+    assert torch.equal(batch["attention_mask"], torch.tensor([[1] * len(ids) + [0] * (8 - len(ids)), [1] * 8]))
+    assert torch.equal(batch["labels"], want.masked_fill(batch["attention_mask"] == 0, -100))
+    hf = AutoTokenizer.from_pretrained(made["llama"])
+    row = TextWindows(hf, 8)({"text": [short]})
+    assert row["tokens"][0, :len(hf(short)["input_ids"])].tolist() == hf(short)["input_ids"]
+    assert row["tokens"][0, -1].item() == hf.pad_token_id
+
+
+def test_decoupled_lionw_is_foundrys_update() -> None:
+    """One step of decoupled_lionw: p <- p (1 - wd lr / lr0) - lr sign(b1 m + (1 - b1) g); m <- b2 m + (1 - b2) g."""
+    import torch
+
+    from tessera.train.optim import DecoupledLionW
+
+    p = torch.nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+    opt = DecoupledLionW([p], lr=0.1, betas=(0.9, 0.99), weight_decay=0.01)
+    for grad in (torch.tensor([0.3, -0.1, 0.0]), torch.tensor([-0.5, 0.2, 0.4])):
+        before, m = p.detach().clone(), opt.state[p].get("exp_avg", torch.zeros(3)).clone()
+        p.grad = grad
+        opt.step()
+        want = before * (1 - 0.01) - 0.1 * torch.sign(0.9 * m + 0.1 * grad)
+        assert torch.equal(p.detach(), want)
+        assert torch.equal(opt.state[p]["exp_avg"], m.lerp(grad, 1 - 0.99))
+
+
+def test_learned_positions_are_not_exported_as_alibi() -> None:
+    from tessera.llm.export import ExportError
+    from tessera.llm.hf.gpt_to_hf import hf_architecture
+    from tessera.llm.model import GPTConfig
+
+    with pytest.raises(ExportError, match="model.attn='learned'"):
+        hf_architecture(GPTConfig(d_model=16, n_heads=2, n_layers=1, attn="learned"))

@@ -58,11 +58,10 @@ def loader(spec: Any, key: str, max_seq_len: Any) -> dict[str, Any]:
         out = _finetuning(dataset, where)
     else:
         raise refuse(f"{key}.name", "not one of LLM Foundry's dataloaders Tessera reads (text, finetuning)", name)
-    for option in ("shuffle", "shuffle_seed", "num_canonical_nodes", "shuffle_block_size", "cache_limit",
-                   "token_encoding_type"):
+    for option in ("shuffle_seed", "num_canonical_nodes", "shuffle_block_size", "cache_limit", "token_encoding_type"):
         if dataset.get(option) is not None:
             out[option] = dataset[option]
-    out["shuffle"] = bool(dataset.get("shuffle", False))
+    out["shuffle"] = bool(dataset.get("shuffle", False))  # Streaming's default: in order
     if spec.get("num_workers") is not None:
         out["num_workers"] = spec["num_workers"]
     return out

@@ -123,7 +123,6 @@ def _data(cfg: dict[str, Any], seq_len: Any) -> dict[str, Any]:
         evals = evals[0] if evals else None
     if evals is not None:
         spec = data.loader(evals, key, seq_len)
-        spec["shuffle"] = spec.get("shuffle", False)
         if cfg.get("device_eval_batch_size") is not None:
             spec["batch_size"] = cfg["device_eval_batch_size"]
         if cfg.get("eval_subset_num_batches", -1) not in (-1, None):
