@@ -107,3 +107,111 @@ def test_data_convert_and_a_checkpoint_load_print_plain_lines_in_a_log(tmp_path:
     err = capfd.readouterr().err
     assert not CONTROL.search(err)
     assert re.search(r"^loading checkpoint ep0-ba3: [\d.]+ KiB/[\d.]+ KiB \(100\.0%\), .* left$", err, re.M), err
+
+
+# --- locks: a real process killed with SIGKILL while it holds each one ---------------------------------
+
+# Takes every lock file Tessera uses, each through the code that takes it, on one thread apiece; the
+# step inside each lock is replaced by a wait that never ends (fault injection), so the process is
+# inside all of them when it prints "held" and is killed.
+HOLDER = """
+import sys, threading
+from pathlib import Path
+import tessera.llm.hf.fingerprint as fingerprint
+import tessera.shards.packed_index as packed_index
+from tessera.platform.supervision.supervisor import _try_lock
+from tessera.storage import open_store
+from tessera.storage.locks import filled_once
+from tessera.shards.dataset import read_index
+from tessera.stream.cache import ShardCache
+
+work = Path(sys.argv[1])
+inside = []
+
+def block(*args, **kwargs):
+    inside.append(threading.current_thread().name)
+    threading.Event().wait()
+
+def fill(partial):
+    (partial / "half.bin").write_bytes(b"x" * 100)
+    block()
+
+packed_index.pack = block
+fingerprint.file_digest = block
+ShardCache._download = block
+remote = open_store(str(work / "data"))
+entry = read_index(remote).shards[0]
+cache = ShardCache(work / "cache", remote, cache_limit=1 << 30)
+jobs = {"model cache": lambda: filled_once(work / "models" / "tiny-0123", fill),
+        "packed index": lambda: packed_index.open_packed(work / "data" / "index.json", "index", beside=True),
+        "shard download": lambda: cache.fetch(entry),
+        "base fingerprint": lambda: fingerprint._recorded_digests(work / "model", work / "records" / "m.json")}
+for name, job in jobs.items():
+    threading.Thread(target=job, name=name, daemon=True).start()
+supervisor = _try_lock(work / "home")
+while len(inside) < len(jobs):
+    threading.Event().wait(0.01)
+print("held", sorted(inside), supervisor is not None, flush=True)
+threading.Event().wait()
+"""
+
+
+def test_locks_of_a_process_killed_with_sigkill_block_nothing(tmp_path: Path) -> None:
+    import fcntl
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tessera.llm.hf.fingerprint import _recorded_digests, file_digest
+    from tessera.platform.supervision.supervisor import supervisor_running
+    from tessera.shards import MDSWriter
+    from tessera.shards.dataset import read_index
+    from tessera.shards.packed_index import open_packed, packed_location
+    from tessera.storage import open_store
+    from tessera.storage.locks import filled_once
+    from tessera.stream.cache import META_DIR, ShardCache
+
+    with MDSWriter(columns={"text": "str"}, out=str(tmp_path / "data")) as writer:
+        for i in range(20):
+            writer.write({"text": f"sample {i}"})
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "model.safetensors").write_bytes(b"weights" * 100)
+    (tmp_path / "home").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = holder.stdout.readline()  # type: ignore[union-attr]
+        assert line == "held ['base fingerprint', 'model cache', 'packed index', 'shard download'] True\n", \
+            line + holder.stderr.read()  # type: ignore[union-attr]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=60)
+    assert holder.returncode == -signal.SIGKILL
+
+    index = tmp_path / "data" / "index.json"
+    locks = [tmp_path / "models" / ".tiny-0123.lock", packed_location(index, True).with_name("index.packed.lock"),
+             tmp_path / "records" / "m.lock", tmp_path / "home" / "supervisor.lock",
+             *(tmp_path / "cache" / META_DIR / "locks").glob("*.dl")]
+    assert len(locks) == 5 and all(p.is_file() for p in locks)   # the killed process left its lock files ...
+    for path in locks:                                          # ... and the kernel released every lock
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)       # BlockingIOError if one were still held
+        finally:
+            os.close(fd)
+    assert len(list((tmp_path / "models").glob(".tiny-0123.partial-*"))) == 1   # its half-made folder
+
+    # The next commands go through at once, each through the code that took the lock.
+    made = filled_once(tmp_path / "models" / "tiny-0123", lambda partial: (partial / "ok").write_text("1"))
+    assert [p.name for p in made.iterdir()] == ["ok"]
+    assert list((tmp_path / "models").glob(".tiny-0123.partial-*")) == []   # the dead one's partial removed
+    assert int(open_packed(index, "index", beside=True).samples.sum()) == 20
+    remote = open_store(str(tmp_path / "data"))
+    entry = read_index(remote).shards[0]
+    cache = ShardCache(tmp_path / "cache", remote, cache_limit=1 << 30)
+    assert cache.fetch(entry).stat().st_size == entry.raw_data.bytes  # type: ignore[union-attr]
+    assert list((tmp_path / "cache" / META_DIR / "reserved").iterdir()) == []   # its reservation too
+    digest = file_digest(tmp_path / "model" / "model.safetensors")
+    assert _recorded_digests(tmp_path / "model", tmp_path / "records" / "m.json") == {"model.safetensors": digest}
+    assert not supervisor_running(tmp_path / "home")

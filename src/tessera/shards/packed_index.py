@@ -48,6 +48,7 @@ from tessera.shards.errors import IndexFormatError
 from tessera.shards.index import _FILE_KEYS, DatasetIndex, FileInfo, ShardEntry
 from tessera.shards.index_bulk import Block, Irregular, Template, scan, value_fields
 from tessera.storage.local import temp_path_for
+from tessera.storage.locks import flocked
 
 MAGIC = b"TSPACK01"
 FORMAT = 1
@@ -365,16 +366,6 @@ def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedInde
     return PackedIndex(path, index, label, mapping, header, start)
 
 
-@contextlib.contextmanager
-def _exclusive(path: Path) -> Iterator[None]:
-    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def open_packed(index: Path, label: str, beside: bool = False) -> PackedIndex:
     """The packed form of `index` (index.json), packing it first when there is none that matches it
     (`packed_location` says where, `beside` as there).
@@ -386,7 +377,7 @@ def open_packed(index: Path, label: str, beside: bool = False) -> PackedIndex:
     if found is not None:
         return found
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with _exclusive(dest):
+    with flocked(dest.with_name(dest.name + ".lock"), fcntl.LOCK_EX):
         found = _load(dest, os.stat(index), index, label)  # packed by another process meanwhile
         if found is None:
             pack(index, dest, label)

@@ -36,6 +36,7 @@ from tessera.shards.fetch import decompress_file
 from tessera.shards.index import ShardEntry
 from tessera.storage import IntegrityError, Store, download_from
 from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_atomic
+from tessera.storage.locks import flocked
 from tessera.stream.integrity import remember_verified, verify_file
 
 META_DIR = ".tessera"
@@ -73,18 +74,6 @@ def check_cache_limit(cache_limit: int | None, streams: list[Any]) -> None:
 def entry_stamp(entry: ShardEntry) -> str:
     """A short fingerprint of a shard's index entry: changes whenever its bytes may have changed."""
     return xxhash.xxh64(json.dumps(entry.to_json(), sort_keys=True).encode()).hexdigest()
-
-
-@contextlib.contextmanager
-def flocked(path: Path, mode: int) -> Iterator[int]:
-    """Hold flock(mode) on `path` (created if needed) for the duration of the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, mode)
-        yield fd
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def download_counts(root: str | Path) -> Counter[str]:

@@ -4,19 +4,18 @@ The cache folder is `<prep_cache>/<key>/`, where the key hashes the input's cont
 bytes; objects in a bucket: URL, size and ETag), the tokenizer (`ExampleTokenizer.fingerprint`) and every
 option that changes the rows. A changed file or option gets a new folder; an unchanged one is reused.
 
-One process prepares: every process takes an exclusive `flock` on `<key>.lock`; the first finds no
-folder and prepares into `<key>.tmp-<pid>/`, then renames it to `<key>/` (atomic: a folder at `<key>/`
-is always complete, which makes it the marker). The others block on the lock meanwhile (no polling)
-and then find the folder. A process killed mid-prep leaves only a temp folder, removed by the next one.
+One process prepares (storage/locks.filled_once): every process takes an exclusive `flock` on
+`.<key>.lock`; the first finds no folder and prepares into a temporary folder beside it, then renames it
+to `<key>/` (atomic: a folder at `<key>/` is always complete, which makes it the marker). The others
+block on the lock meanwhile (no polling) and then find the folder. A process killed mid-prep leaves
+only a temporary folder, removed by the next one, and no lock (the kernel drops it).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ from tessera.llm.finetune.chat import ExampleTokenizer, load_example_tokenizer
 from tessera.llm.finetune.prep import example_options, prep_examples, read_summary
 from tessera.shards.inputs import is_url, list_input
 from tessera.storage import open_store
+from tessera.storage.locks import filled_once
 from tessera.storage.url import split_url
-from tessera.stream.cache import flocked
 
 CACHE_VERSION = 2  # bump when the rows written for the same input and options change
 READ_BLOCK = 4 << 20
@@ -68,19 +67,10 @@ def prepared(path: str, tokenizer: Any, *, seq_len: int, cache_root: str | os.Pa
     keyed = dict(seq_len=seq_len, **opts.model_dump())
     root = Path(cache_root) if cache_root else default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
-    key = cache_key(path, tok, keyed)
-    folder = root / key
-    with flocked(root / f"{key}.lock", fcntl.LOCK_EX):
-        if not folder.is_dir():
-            for stale in root.glob(f"{key}.tmp-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            tmp = root / f"{key}.tmp-{os.getpid()}"
-            try:
-                prep_examples(path, tmp, tok, seq_len=seq_len, fmt=opts.format,
-                              **opts.model_dump(exclude={"format"}))
-            except BaseException:  # a refused row: no half-prepared folder left behind
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            (tmp / "source.json").write_text(json.dumps({"path": path, **keyed}, indent=1))
-            os.replace(tmp, folder)
+
+    def fill(partial: Path) -> None:  # a refused row leaves no half-prepared folder (filled_once)
+        prep_examples(path, partial, tok, seq_len=seq_len, fmt=opts.format, **opts.model_dump(exclude={"format"}))
+        (partial / "source.json").write_text(json.dumps({"path": path, **keyed}, indent=1))
+
+    folder = filled_once(root / cache_key(path, tok, keyed), fill)
     return folder, read_summary(folder) or {}

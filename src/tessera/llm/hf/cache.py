@@ -6,23 +6,22 @@ transformers reads models from local files only (Tessera never asks a model hub)
 copied whole to `<cache>/<name>-<fingerprint>/` first. The fingerprint hashes the URL and every object's
 key, size and ETag, so a changed upload gets a new folder and an unchanged one is never fetched twice.
 The local ranks of a node share the copy: the first to take the folder's lock downloads into a
-temporary folder and renames it into place (atomic), the others wait on the lock and find it done.
+temporary folder and renames it into place (atomic), the others wait on the lock and find it done
+(storage/locks.filled_once: a download killed midway leaves no lock that blocks, and its partial
+folder is removed by the next one).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 from tessera.llm.model_source import is_remote
 from tessera.progress import WorkProgress
 from tessera.storage import download_from, open_store
-from tessera.stream.cache import flocked
+from tessera.storage.locks import filled_once
 
 CACHE_ENV = "TESSERA_MODEL_CACHE"
 
@@ -48,20 +47,11 @@ def local_model_folder(url: str | os.PathLike[str], cache_dir: str | os.PathLike
         digest.update(f"\n{obj.key}\t{obj.size}\t{obj.etag or ''}".encode())
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", url.rstrip("/").rsplit("/", 1)[-1]) or "model"
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    target = root / f"{name}-{digest.hexdigest()[:16]}"
-    if target.is_dir():
-        return target
     root.mkdir(parents=True, exist_ok=True)
-    with flocked(root / f".{target.name}.lock", fcntl.LOCK_EX):
-        if target.is_dir():  # another local rank finished it while this one waited
-            return target
-        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=root))
-        try:
-            with WorkProgress(f"downloading {name}", unit="bytes", total=sum(o.size for o in objects)) as progress:
-                for obj in objects:
-                    download_from(store, obj.key, partial / obj.key, size=obj.size, progress=progress.advance)
-            os.rename(partial, target)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
-    return target
+
+    def fill(partial: Path) -> None:
+        with WorkProgress(f"downloading {name}", unit="bytes", total=sum(o.size for o in objects)) as progress:
+            for obj in objects:
+                download_from(store, obj.key, partial / obj.key, size=obj.size, progress=progress.advance)
+
+    return filled_once(root / f"{name}-{digest.hexdigest()[:16]}", fill)

@@ -17,13 +17,10 @@ group starts (a run's ranks each call it, as they each build their model).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
 import re
-import shutil
-import tempfile
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,7 +36,7 @@ from tessera.llm.model_source import (
     sharded_composer_message,
 )
 from tessera.storage import open_store, split_url
-from tessera.stream.cache import flocked
+from tessera.storage.locks import filled_once
 from tessera.train.checkpoint import CheckpointManager
 from tessera.train.config import TrainerConfig
 
@@ -65,12 +62,9 @@ def composer_load_path(url: str, cache_dir: str | os.PathLike[str] | None = None
     if not is_checkpoint_file(url):
         raise ComposerCheckpointError(f"{url}: not a Composer checkpoint file (a .pt or .tar that Composer saved)")
     root = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
-    target = root / f"composer-{_name(url)}-{_fingerprint(url, mpt_config)}"
-    if not target.is_dir():
-        root.mkdir(parents=True, exist_ok=True)
-        with flocked(root / f".{target.name}.lock", fcntl.LOCK_EX):
-            if not target.is_dir():  # another local rank finished it while this one waited
-                _convert(url, mpt_config, root, target)
+    root.mkdir(parents=True, exist_ok=True)
+    target = filled_once(root / f"composer-{_name(url)}-{_fingerprint(url, mpt_config)}",
+                         lambda partial: _convert(url, mpt_config, partial))
     summary = json.loads((target / SUMMARY).read_text())
     return ComposerStart(str(target), summary["weights_only"], summary["model"])
 
@@ -97,18 +91,12 @@ def composer_trainer_config(config: TrainerConfig, model: Any = None) -> Trainer
                                      "load_weights_only": config.load_weights_only or start.weights_only is not None})
 
 
-def _convert(url: str, mpt_config: Mapping[str, Any] | None, root: Path, target: Path) -> None:
+def _convert(url: str, mpt_config: Mapping[str, Any] | None, partial: Path) -> None:
     ckpt = read_composer_checkpoint(url, mpt_config)
-    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=root))
-    try:
-        with CheckpointManager(partial, async_save=False) as manager:
-            manager.save(ckpt.state())
-        summary = {"source": url, "model": ckpt.config.to_dict(), "weights_only": ckpt.weights_only}
-        (partial / SUMMARY).write_text(json.dumps(summary, indent=2))
-        os.rename(partial, target)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    with CheckpointManager(partial, async_save=False) as manager:
+        manager.save(ckpt.state())
+    summary = {"source": url, "model": ckpt.config.to_dict(), "weights_only": ckpt.weights_only}
+    (partial / SUMMARY).write_text(json.dumps(summary, indent=2))
 
 
 def _name(url: str) -> str:

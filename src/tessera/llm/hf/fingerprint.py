@@ -34,7 +34,7 @@ from tessera.llm.hf.cache import default_cache_dir, is_remote, local_model_folde
 from tessera.llm.hf.config import PretrainedSpec
 from tessera.llm.model_source import resolve_model_source
 from tessera.storage.local import write_atomic
-from tessera.stream.cache import flocked
+from tessera.storage.locks import flocked
 from tessera.train.callbacks import Callback
 
 SKIPPED_SUFFIXES = (".md", ".txt", ".gitattributes", ".lock")
