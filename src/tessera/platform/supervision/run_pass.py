@@ -62,12 +62,14 @@ def step(ctx: SupervisorContext, run: RunRecord) -> None:
         changes["nodes"] = status.nodes
     folder = Path(res.folder)
     _read_progress(ctx, run, res, folder, changes, now)
-    ship_output(ctx, run, res, final=status.state.done)   # all of it before the end is recorded
-    ingest_metrics(ctx, run)
 
     if not status.state.done:
         _while_running(ctx, run, res, spec, backend, handle, status.state, folder, changes, now)
+        ship_output(ctx, run, res, final=False)   # after RUNNING is recorded: no reader sees a line first
+        ingest_metrics(ctx, run)
         return
+    ship_output(ctx, run, res, final=True)        # all of it before the end is recorded
+    ingest_metrics(ctx, run)
     if changes:
         ctx.db.update_resumption(run.id, res.idx, **changes)
         res = ctx.db.current_resumption(run.id)
