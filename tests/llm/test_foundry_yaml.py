@@ -566,12 +566,24 @@ def trained(result) -> list[float]:
     return [loss for _, loss in losses]
 
 
-def test_mpt_small_cpu_trains_on_text_mds(made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_mpt_small_cpu_trains_on_text_mds(made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         s3_bucket: str) -> None:
+    """The tokenizer and the data in a bucket, as a Foundry user's remote: the tokenizer folder is fetched
+    once into the model cache, the shards into data_local."""
+    from tessera.storage import open_store
+
+    for folder in ("neox-tok", "text"):
+        store = open_store(f"{s3_bucket}/{folder}")
+        for file in made[folder].rglob("*"):
+            if file.is_file():
+                store.put(file.relative_to(made[folder]).as_posix(), file.read_bytes())
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TESSERA_MODEL_CACHE", str(tmp_path / "models"))
     yaml_file = write(tmp_path, "mpt-small-cpu.yaml", MPT_PRETRAIN, DATA="./my-copy-c4")
-    losses = trained(tessera("train", yaml_file, f"variables.data_local={made['text']}",
-                             f"tokenizer.name={made['neox-tok']}", "max_duration=3ba"))
+    losses = trained(tessera("train", yaml_file, f"variables.data_remote={s3_bucket}/text",
+                             f"tokenizer.name={s3_bucket}/neox-tok", "max_duration=3ba"))
     assert abs(losses[0] - math.log(320)) < 0.5  # near uniform over the model's vocabulary at the start
+    assert (tmp_path / "my-copy-c4" / "train" / "index.json").is_file()
 
 
 def test_testing_yaml_trains_on_token_mds(made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
