@@ -137,9 +137,12 @@ def test_leases_fence_a_supervisor_that_lost_its_run(tmp_path: Path) -> None:
         a.update_run(run.id, status=PENDING)
     assert db.get_run(run.id).status == RUNNING                        # A's late write was refused
     assert renew(engine, "A", 30) == [] and [lease.token for lease in renew(engine, "B", 30)] == [2]
-    release(engine, "B")
+    release(engine, "B")                                               # B shuts down: A may take it now
+    assert lease_of(engine, run.id) == ("B", 0.0)
+    [again] = acquire(engine, "A", seconds=30)
+    assert (again.token, again.previous) == (3, "B")                    # tokens never repeat
+    release(engine, "A", [run.id])                                      # the run ended
     assert lease_of(engine, run.id) is None
-    assert acquire(engine, "A", seconds=30)[0].token == 3               # tokens never repeat
 
 
 # --- homes made by the version before the one store ----------------------------------------------

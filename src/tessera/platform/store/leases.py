@@ -145,17 +145,21 @@ def _renew(c: Connection, owner: str, seconds: float, now: float) -> list[Lease]
 
 
 def release(engine: Engine, owner: str, run_ids: list[str] | None = None) -> None:
-    """Give up leases (every one of `owner`'s without `run_ids`): another replica may take them at once.
-    The row and its token stay, so the next owner's token is greater."""
+    """Give up leases, so another replica may take them at once; the row and its token stay, so the next
+    owner's token is greater. With `run_ids`: runs that ended, whose lease names no owner any more.
+    Without: every lease of a replica shutting down, still naming it, so that the replica taking a run
+    over reconciles it with its cluster first (takeover.py): its processes may live, on this host."""
     with writing(engine) as c:
         query = update(run_leases).where(run_leases.c.owner == owner)
-        if run_ids is not None:
-            query = query.where(run_leases.c.run_id.in_(run_ids))
-        c.execute(query.values(owner=None, expires=0.0))
+        if run_ids is None:
+            c.execute(query.values(expires=0.0))
+        else:
+            c.execute(query.where(run_leases.c.run_id.in_(run_ids)).values(owner=None, expires=0.0))
 
 
 def lease_of(engine: Engine, run_id: str) -> tuple[str, float] | None:
-    """(the replica supervising the run, when its lease expires), or None when no replica holds it."""
+    """(the replica supervising the run, when its lease expires, or expired: 0 once given up at a
+    shutdown), or None when no replica has held it since it last ended."""
     with reading(engine) as c:
         row = c.execute(select(run_leases.c.owner, run_leases.c.expires).where(run_leases.c.run_id == run_id)).first()
     return (row.owner, row.expires) if row is not None and row.owner else None
