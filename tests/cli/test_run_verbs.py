@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import yaml
 from typer.testing import CliRunner, Result
 
@@ -17,23 +15,8 @@ from tessera.cli.main import app
 from tessera.cli.run import clone_name
 from tessera.platform import Platform
 from tessera.platform.spec.run_spec import validate_name
-from tessera.platform.supervision.supervisor import stop_supervisor
 
-runner = CliRunner()
-SETTINGS = {"TESSERA_SUPERVISOR_POLL": "0.2", "TESSERA_SUPERVISOR_IDLE": "60", "TESSERA_RETRY_BACKOFF": "0"}
-
-
-@pytest.fixture
-def platform(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Platform]:
-    """A fresh TESSERA_HOME with a fast supervisor (tests/platform/conftest.py's settings) and no server."""
-    for name in ("TESSERA_API_URL", "TESSERA_API_KEY"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in {**SETTINGS, "TESSERA_HOME": str(tmp_path / "home")}.items():
-        monkeypatch.setenv(name, value)
-    local = Platform(tmp_path / "home")
-    yield local
-    stop_supervisor(local.home)
-    local.close()
+runner = CliRunner()  # the `platform` fixture: conftest.py
 
 
 def tessera(*args: str, code: int = 0) -> Result:

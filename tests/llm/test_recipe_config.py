@@ -72,7 +72,7 @@ def test_help_lists_every_key_from_the_schema() -> None:
     assert rows["max_duration"][1] == "required" and rows["seed"][1] == "17"
     assert rows["precision"][0] == "fp32 | amp_bf16 | amp_fp16 | pure_bf16"
     assert rows["data.train.streams.N.remote"][2] == StreamConfig.model_fields["remote"].description
-    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "200"})
+    result = CliRunner().invoke(app, ["train", "--list-keys"], env={"COLUMNS": "200"})
     assert result.exit_code == 0
     for key in ("save_keep_every_n", "data.eval.max_batches", "optimizer.betas", "list[str | Logger]"):
         assert key in result.output

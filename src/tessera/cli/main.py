@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 
 from tessera import __version__
 from tessera.cli import console
+from tessera.cli.examples import add_examples, epilog
 
 # name -> (module, attribute, is a group of sub-commands, the module's attribute holding the command's click
 # context settings or None); in `--help` order.
@@ -42,10 +43,11 @@ def _load(name: str) -> click.Command:
         command = typer.main.get_command(target)
     else:
         context = getattr(module, context_attr) if context_attr else None
-        single = typer.Typer()
+        single = typer.Typer(add_completion=False)  # the completion options belong to `tessera` itself
         single.command(name, context_settings=context)(target)
         command = typer.main.get_command(single)
     command.name = name
+    add_examples(command, name)
     return command
 
 
@@ -62,7 +64,7 @@ class LazyGroup(TyperGroup):
 
 
 app = typer.Typer(help="Tessera: train models on any compute, with data and checkpoints in object storage.",
-                  no_args_is_help=True, pretty_exceptions_enable=False, cls=LazyGroup)
+                  no_args_is_help=True, pretty_exceptions_enable=False, cls=LazyGroup, epilog=epilog(""))
 
 
 @app.callback(invoke_without_command=True)

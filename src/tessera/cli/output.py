@@ -35,8 +35,7 @@ STATE_STYLES = {"COMPLETED": "green", "RUNNING": "cyan", "FAILED": "red", "STOPP
 
 WIDE = typer.Option(False, "--wide", "-w", help="Every column, none cut (wider than the terminal if need be).")
 FORMAT = typer.Option(None, "--format", metavar="table|plain|json",
-                      help="table: aligned, bold headers (default on a terminal); plain: the same without "
-                           "styles (default in a pipe); json: one complete object per line.")
+                      help="table (a terminal's default), plain (a pipe's: no styles) or json (as --json).")
 
 
 @dataclass(frozen=True)

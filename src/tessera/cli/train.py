@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import typer
 import yaml
 
+from tessera.cli import recipe_help
 from tessera.cli.console import fail
 from tessera.llm.hf.config import is_pretrained
 from tessera.llm.recipe import (
@@ -32,7 +33,6 @@ from tessera.llm.recipe import (
     apply_override,
     load_recipe,
     load_recipe_leaving_unset,
-    recipe_keys,
     shipped_recipes,
 )
 from tessera.shards import ShardError
@@ -57,11 +57,18 @@ def train(recipe: str = typer.Argument(..., help="A recipe YAML file, or a shipp
                                                          "MFU for --gpu, then exit (no GPU needed)."),
           gpu: str = typer.Option("H100", "--gpu", help="With --plan: A100-40GB, A100-80GB, H100, H200 or trn1."),
           nodes: int = typer.Option(1, "--nodes", min=1, help="With --plan: nodes."),
-          gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, help="With --plan (default 8; trn1 16)."),
-          efficiency: float = typer.Option(None, "--efficiency", min=0.01, max=1.0,
+          gpus_per_node: int = typer.Option(None, "--gpus-per-node", min=1, hidden=True,
+                                            help="With --plan (default 8; trn1 16)."),
+          efficiency: float = typer.Option(None, "--efficiency", min=0.01, max=1.0, hidden=True,
                                            help="With --plan: assumed hardware FLOPs utilisation (default 0.45)."),
-          debug: bool = typer.Option(False, "--debug", help="On an error, show the Python traceback.")) -> None:
-    """Train a language model from a recipe (validated before anything starts)."""
+          debug: bool = typer.Option(False, "--debug", help="On an error, show the Python traceback."),
+          list_keys: bool = typer.Option(False, "--list-keys", is_eager=True, callback=recipe_help.list_keys,
+                                         help="Every recipe key by section: type, default, meaning."),
+          help_all: bool = typer.Option(False, "--help-all", is_eager=True, callback=recipe_help.help_all,
+                                        help="Every option, then every recipe key.")) -> None:
+    """Train a language model from a recipe (validated before anything starts).
+
+    Set any recipe key with key.path=value: --list-keys lists every key; --help-all shows all options."""
     if plan:
         from tessera.cli.plan import print_plan  # torch: only for a plan
 
@@ -170,13 +177,3 @@ def _launch(nproc: int, recipe: str, overrides: list[str], debug: bool) -> int:
     args = ["train", recipe, *overrides, *(["--debug"] if debug else [])]
     return launch(plan_launch(nproc, nnodes=1, env={}), "tessera.cli.main", args, module=True)
 
-
-def keys_help() -> str:
-    """Every recipe key with its type, default and meaning, from the recipe's schema (one per paragraph,
-    since the help formatter joins single lines)."""
-    rows = [f"{key} ({kind}, default {default}): {text}".rstrip(": ") for key, kind, default, text in recipe_keys()]
-    text = "Recipe keys (set any with key.path=value):\n\n" + "\n\n".join(rows)
-    return text.replace("[", "\\[")  # typer renders help as rich markup, where [x] would be a style tag
-
-
-train.__doc__ = f"{train.__doc__}\n\n{keys_help()}"

@@ -26,7 +26,7 @@ Large configs build on the meta device in milliseconds, for parameter and FLOP c
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import torch
@@ -49,23 +49,29 @@ NAMED_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+def _key(default: Any, meaning: str) -> Any:
+    """A GPTConfig field with its one line of meaning (`help` in the field's metadata)."""
+    return field(default=default, metadata={"help": meaning})
+
+
 @dataclass
 class GPTConfig:
-    d_model: int = 256
-    n_heads: int = 4
-    n_layers: int = 4
-    vocab_size: int = 50368
-    max_seq_len: int = 2048
-    expansion_ratio: int = 4       # MLP hidden size = expansion_ratio * d_model
-    attn: str = "alibi"            # "alibi" | "rope" | "learned" (MPT's learned_pos_emb: a table of positions)
-    alibi_bias_max: float = 8.0    # slopes 2^(-alibi_bias_max * h / n_heads), as in MPT
-    rope_theta: float = 10000.0
-    no_bias: bool = True           # no biases in linear layers and norms (MPT's default)
-    norm: str = "layernorm"        # "layernorm" | "rmsnorm"
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = True    # the output layer reuses the token embedding
-    dropout: float = 0.0           # embedding, attention and residual dropout
-    init_std: float = 0.02
+    # Each field's `help` is its line in `tessera train --list-keys` (recipe.recipe_keys).
+    d_model: int = _key(256, "Width of the residual stream (embedding size).")
+    n_heads: int = _key(4, "Attention heads; must divide d_model.")
+    n_layers: int = _key(4, "Transformer blocks.")
+    vocab_size: int = _key(50368, "Token embedding rows (at least the tokenizer's vocabulary).")
+    max_seq_len: int = _key(2048, "Longest sequence the model takes.")
+    expansion_ratio: int = _key(4, "MLP hidden size = expansion_ratio * d_model.")
+    attn: str = _key("alibi", "Positions: alibi | rope | learned (MPT's learned_pos_emb: a table).")
+    alibi_bias_max: float = _key(8.0, "ALiBi slopes 2^(-alibi_bias_max * h / n_heads), as in MPT.")
+    rope_theta: float = _key(10000.0, "RoPE base frequency.")
+    no_bias: bool = _key(True, "No biases in linear layers and norms (MPT's default).")
+    norm: str = _key("layernorm", "layernorm | rmsnorm.")
+    norm_eps: float = _key(1e-5, "Epsilon of the norms.")
+    tie_embeddings: bool = _key(True, "The output layer reuses the token embedding.")
+    dropout: float = _key(0.0, "Embedding, attention and residual dropout.")
+    init_std: float = _key(0.02, "Standard deviation of the initial weights.")
 
     def __post_init__(self) -> None:
         for name in ("d_model", "n_heads", "n_layers", "vocab_size", "max_seq_len", "expansion_ratio"):

@@ -7,7 +7,7 @@ work says which numbers clash.
 A recipe composes the layers' own typed configs rather than restating them: its training keys are the
 fields of the train layer's `TrainerConfig` (same types, checks and descriptions; a few defaults differ),
 and its data section is made of the stream layer's `StreamingConfig` and `StreamConfig`. Key names are
-LLM Foundry's. `recipe_keys()` lists every key for `tessera train --help`.
+LLM Foundry's. `recipe_keys()` lists every key for `tessera train --list-keys`.
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ class EvalSpec(LoaderSpec):
 
 
 class DataSpec(Strict):
+    """What the run trains on (train) and evaluates at eval_interval (eval): MDS streams or examples."""
+
     train: TrainLoaderSpec  # type: ignore[valid-type]
     eval: EvalSpec | None = None
 
@@ -197,7 +199,8 @@ def recipe_keys(schema: type[BaseModel] | None = None, prefix: str = "") -> list
         if schema is None and name == "model":  # a mapping that GPTConfig checks: its keys are GPTConfig's
             rows.append(("model.name", "str", "tiny", f"A named shape ({', '.join(NAMED_CONFIGS)}) that sets "
                                                       "the keys below; a key given overrides it."))
-            rows += [(f"model.{f.name}", str(f.type), _shown(f.default), "") for f in fields(GPTConfig)]
+            rows += [(f"model.{f.name}", str(f.type), _shown(f.default), f.metadata.get("help", ""))
+                     for f in fields(GPTConfig)]
             rows += [row for row in recipe_keys(PretrainedSpec, "model.") if row[0] != "model.max_seq_len"]
             continue
         if name == "loggers":  # names, or a mapping of a name to its settings: each logger's keys

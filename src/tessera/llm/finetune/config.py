@@ -11,7 +11,7 @@
 
 The file is prepared once into a local MDS cache (`cache.py`) and streamed like `streams` are, with
 the same determinism and resume; `path` and `streams` exclude each other. These fields are mixed into the
-recipe's loader sections (llm/recipe.py), so they are checked, listed by `tessera train --help` and
+recipe's loader sections (llm/recipe.py), so they are checked, listed by `tessera train --list-keys` and
 documented here, in one place.
 """
 

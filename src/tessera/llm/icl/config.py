@@ -79,12 +79,12 @@ class ICLTaskConfig(_Strict):
 
 class GauntletBenchmark(_Strict):
     name: str = Field(description="A task label.")
-    num_fewshot: int = Field(ge=0)
+    num_fewshot: int = Field(ge=0, description="Which of the task's few-shot scores counts.")
     random_baseline: float = Field(0.0, ge=0.0, lt=1.0, description="Accuracy of guessing.")
 
 
 class GauntletCategory(_Strict):
-    name: str
+    name: str = Field(description="Logged as icl/gauntlet/<name>.")
     benchmarks: list[GauntletBenchmark] = Field(min_length=1)
 
 
