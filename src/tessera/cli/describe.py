@@ -86,8 +86,7 @@ def describe_run(info: Mapping[str, Any]) -> str:
         ("created", long_time(info.get("created"))),
         ("ended", info.get("ended") and long_time(info["ended"]) + _ran(info.get("created"), info["ended"])),
         ("first error", failure),
-        ("supervisor", supervisor.get("replica") and f"replica {supervisor['replica']}, lease until "
-                                                     f"{long_time(supervisor.get('lease_expires'))}"),
+        ("supervisor", supervisor.get("replica") and f"replica {supervisor['replica']}"),  # its lease: --json
         ("folder", info.get("folder"))])
     sections = [head, ["spec:", *mapping(_spec(spec), 1)],
                 ["compute:", *mapping({k.replace("_", " "): v for k, v in (spec.get("compute") or {}).items()}, 1)],
