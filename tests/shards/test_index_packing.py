@@ -14,9 +14,12 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tessera.shards import index_bulk
 from tessera.shards.errors import IndexFormatError
 from tessera.shards.index import DatasetIndex, check_basename, shard_key
-from tessera.shards.index_bulk import Irregular, safe_names, scan
+from tessera.shards.index_bulk import scan
+from tessera.shards.index_template import Irregular
+from tessera.shards.index_values import safe_names
 from tessera.shards.packed_index import open_packed, packed_location
 
 MDS = {"column_encodings": ["int", "str"], "column_names": ["id", "s"], "column_sizes": [8, None],
@@ -83,6 +86,29 @@ def test_packed_entries_equal_the_loaders(tmp_path: Path, layouts: list[dict]) -
     _same_as_loader(path)
 
 
+@pytest.mark.parametrize("chunk", [97, 1000, 4096])
+def test_entries_found_by_quotes_across_small_chunks_equal_the_loaders(tmp_path: Path, chunk: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of a few entries: after the first entries, entries are found by their quotes (a new
+    layout appearing mid-file, entries cut by chunk edges), and the text after the array by brackets."""
+    monkeypatch.setattr(index_bulk, "CHUNK", chunk)
+    found = []
+    by_quotes = index_bulk._Walk._by_quotes
+    monkeypatch.setattr(index_bulk._Walk, "_by_quotes", lambda walk: found.append(by_quotes(walk)) or found[-1])
+    entries = _entries(MDS, 60) + _entries(CSV, 30, name="c{i:03}") + _entries(ZSTD, 5)
+    path = _write(tmp_path / "mixed", entries, zz=[{"a": 1}, {"b": [2]}], provenance={"by": "x"})
+    assert _bulk(path)
+    assert found.count(True) >= 3  # (then brackets for the objects in "zz" after the array)
+    _same_as_loader(path)
+    pretty = tmp_path / "pretty" / "index.json"
+    pretty.parent.mkdir()
+    pretty.write_text(json.dumps({"shards": _entries(MDS, 30), "version": 2}, indent=2))
+    found.clear()
+    assert _bulk(pretty)
+    assert False in found  # not the writers' layout: by brackets
+    _same_as_loader(pretty)
+
+
 def test_unusual_but_valid_indexes_are_packed_whole(tmp_path: Path) -> None:
     odd = _entries(MDS, 5)
     odd[2]["raw_data"]["basename"] = "./sub//shard.x.mds"  # valid; its key is sub/shard.x.mds
@@ -115,7 +141,9 @@ def _error(path: Path) -> str:
     return str(packed.value)
 
 
-def test_bad_indexes_fail_with_the_loaders_error(tmp_path: Path) -> None:
+@pytest.mark.parametrize("chunk", [300, 4 << 20])
+def test_bad_indexes_fail_with_the_loaders_error(tmp_path: Path, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(index_bulk, "CHUNK", chunk)  # (small: the bad entry is reached by quotes)
     cases: dict[str, list[dict]] = {}
     big = _entries(MDS, 8)
     big[5]["samples"] = 2**31

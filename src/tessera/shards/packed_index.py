@@ -46,7 +46,8 @@ import xxhash
 
 from tessera.shards.errors import IndexFormatError
 from tessera.shards.index import _FILE_KEYS, DatasetIndex, FileInfo, ShardEntry
-from tessera.shards.index_bulk import Block, Irregular, Template, scan, value_fields
+from tessera.shards.index_bulk import scan
+from tessera.shards.index_template import Block, Irregular, Template, value_fields
 from tessera.storage.local import temp_path_for
 from tessera.storage.locks import flocked
 
@@ -96,10 +97,10 @@ class _Writer:
             strings: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         n = layout.size
         numbers = {"layout": layout.astype(np.int64), **numbers}
-        for name in numbers.keys() - self.numbers.keys():
+        for name in sorted(numbers.keys() - self.numbers.keys()):  # (one order: the same bytes every time)
             self.numbers[name] = self._temp()
             self.numbers[name].write(np.full(self.rows, -1, np.int64).tobytes())
-        for name in strings.keys() - self.texts.keys():
+        for name in sorted(strings.keys() - self.texts.keys()):
             lengths = self._temp()
             lengths.write(np.zeros(self.rows, np.int64).tobytes())
             self.texts[name] = (self._temp(), lengths, [0 if self.rows else 1 << 62, 0])
