@@ -1,0 +1,5 @@
+"""`streaming.base.stream`: `Stream` and its registry."""
+
+from tessera.stream import Stream, streams_registry
+
+__all__ = ["Stream", "streams_registry"]
