@@ -183,7 +183,7 @@ def list_users(home: Path = typer.Option(None, "--home", help=HOME_HELP),
         typer.echo(json.dumps([u.__dict__ for u in users]))
         return
     print_list(USER_COLUMNS, users, lambda u: (u.name, u.team, "yes" if u.admin else "no", ", ".join(u.keys)),
-               fmt, wide)
+               fmt, wide, empty="no users yet: tessera server admin create-user NAME --team TEAM")
 
 
 class _HideKeys(logging.Filter):
