@@ -5,6 +5,8 @@ fencing tokens, and an old home's state.db imported without losing a row."""
 from __future__ import annotations
 
 import multiprocessing
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from old_home import build_old_home, write_old_secret
 from sqlalchemy import text
 from typer.testing import CliRunner
 
+from tessera.cli.main import app as main_cli
 from tessera.cli.server import app as server_cli
 from tessera.platform.api.sdk import Platform
 from tessera.platform.errors import RunExists
@@ -208,3 +211,26 @@ def test_server_migrate_imports_every_team_of_an_old_server_home(tmp_path: Path,
     monkeypatch.setenv("TESSERA_SECRET_KEY", Fernet.generate_key().decode())
     refused = runner.invoke(server_cli, ["migrate", "--db", url, "--home", str(server_home)])
     assert refused.exit_code == 1 and "is not the key of this store's secrets" in refused.output, refused.output
+
+
+def test_an_old_home_whose_old_supervisor_runs_is_not_imported_until_it_stops(tmp_path: Path) -> None:
+    """A supervisor of the older version holds the home's supervisor.lock (a real process here): importing
+    then would leave it driving the runs from state.db beside the new store's supervisor, so the first
+    command refuses in one line naming its pid; once it is gone, the home is imported."""
+    home = tmp_path / "home"
+    build_old_home(home, 3)
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'w'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); print('locked', flush=True); time.sleep(600)",
+                               str(home / "supervisor.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "locked\n"
+        (home / "supervisor.pid").write_text(str(holder.pid))
+        refused = CliRunner().invoke(main_cli, ["run", "list"], env={"TESSERA_HOME": str(home), "TESSERA_API_URL": ""})
+        assert refused.exit_code == 1, refused.output
+        assert refused.output == (f"error: {home} is supervised by the supervisor of an older Tessera (pid {holder.pid}); "
+                                  f"stop it (`kill {holder.pid}`: its runs keep going) and run this again, so that "
+                                  "its runs move to the new store with one supervisor\n")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert Platform(home).count_runs() == 3

@@ -12,6 +12,8 @@ is kept under the name plus its id, so no run is lost.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Table, insert, select
 
+from tessera.platform.errors import PlatformError
 from tessera.platform.store.db import writing
 from tessera.platform.store.meta import get_setting, put_setting
 from tessera.platform.store.models import clusters, events, node_faults, resumptions, runs
@@ -44,11 +47,35 @@ def import_state_db(engine: Engine, path: Path, team: str) -> int | None:
         with writing(engine) as c:
             if get_setting(c, key) is not None:     # another process imported it meanwhile
                 return None
+            _no_old_supervisor(path.parent)
             count = _copy(old, c, team)
             put_setting(c, key, f"{time.time()} {count} runs")
     finally:
         old.close()
     return count
+
+
+class OldSupervisorRunning(PlatformError):
+    """A supervisor of the older version still drives the home's runs from its state.db."""
+
+
+def _no_old_supervisor(home: Path) -> None:
+    """Refuse to import a home whose old supervisor runs (it holds `supervisor.lock`): it would go on
+    driving the runs from the old file while this version's supervisor drives them from the store. Only
+    an old one can hold the lock here: the home's new supervisor starts after its import."""
+    lock = home / "supervisor.lock"
+    if not lock.exists():
+        return
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = (home / "supervisor.pid").read_text().strip() if (home / "supervisor.pid").exists() else "?"
+        raise OldSupervisorRunning(
+            f"{home} is supervised by the supervisor of an older Tessera (pid {pid}); stop it (`kill {pid}`: its "
+            "runs keep going) and run this again, so that its runs move to the new store with one supervisor") from None
+    finally:
+        os.close(fd)   # closing the descriptor releases the lock, if it was taken
 
 
 def _open(path: Path) -> sqlite3.Connection:
