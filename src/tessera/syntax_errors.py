@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 E = TypeVar("E", bound=BaseException)
 
+# PyYAML's contexts of something begun on one line and found unfinished on a later one.
+UNFINISHED = ("while parsing a flow", "while scanning a quoted", "while scanning a simple key")
 SHOWN = 72  # at most this many characters of the line (a JSONL record or a one-line index.json is long)
 
 
@@ -57,19 +59,23 @@ def line_of(text: str, line: int) -> str:
 
 def yaml_error(exc: Exception, text: str, source: str, what: str = "not valid YAML") -> str:
     """`SOURCE: WHAT: problem (line L, column C)` and the excerpt, for a PyYAML error (its mark says
-    where); one line when it has no mark. A problem found on an empty line or at the end (a bracket never
-    closed) points where the unfinished part began, which is where the mistake is."""
+    where); one line when it has no mark. A bracket, quote or key left unfinished is only noticed on a
+    later line: the error then names the line where it began, which is where the mistake is, and shows
+    both lines."""
     mark: Any = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
     context, began = getattr(exc, "context", None), getattr(exc, "context_mark", None)
-    if context and getattr(exc, "problem", None):
-        context = " ".join(str(context).split())
-        if mark is not None and began is not None and not line_of(text, mark.line + 1).strip():
-            mark, context = began, f"{context} that starts here"
-        problem = f"{problem} ({context})"
     if mark is None:
         return f"{source}: {what}: {problem}"
-    return f"{source}: " + at(f"{what}: {problem}", text, mark.line + 1, mark.column + 1)
+    if not (context and getattr(exc, "problem", None)):
+        return f"{source}: " + at(f"{what}: {problem}", text, mark.line + 1, mark.column + 1)
+    context = " ".join(str(context).split())
+    if began is None or began.line == mark.line or not context.startswith(UNFINISHED):
+        return f"{source}: " + at(f"{what}: {problem} ({context})", text, mark.line + 1, mark.column + 1)
+    found = line_of(text, mark.line + 1)
+    return (f"{source}: " + at(f"{what}: {problem} on line {mark.line + 1} ({context} that starts here)", text,
+                               began.line + 1, began.column + 1)
+            + (excerpt(found, mark.column + 1, mark.line + 1) if found.strip() else ""))
 
 
 def json_problem(exc: json.JSONDecodeError, what: str = "not valid JSON") -> str:

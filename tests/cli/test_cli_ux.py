@@ -165,6 +165,12 @@ def test_a_recipe_syntax_error_names_line_3_with_a_caret(tmp_path: Path, monkeyp
         (line,) = error_lines(result)
         assert line == "error: bad.yaml: not valid plain YAML: mapping values are not allowed here (line 3, column 13)"
         assert result.output.splitlines()[1:] == ["    3 |   name: tiny: x", "      |             ^"]
+    Path("bad.yaml").write_text("max_duration: 10ba\nmodel:\n  name: [tiny\nseed: 1\n")  # noticed on line 4
+    result = cli("train", "bad.yaml", code=2)
+    assert error_lines(result) == ["error: bad.yaml: not valid plain YAML: expected ',' or ']', but got ':' on line 4 "
+                                   "(while parsing a flow sequence that starts here) (line 3, column 9)"]
+    assert result.output.splitlines()[1:] == ["    3 |   name: [tiny", "      |         ^",
+                                              "    4 | seed: 1", "      |     ^"]
     assert not list(tmp_path.glob("*/"))  # nothing was started
 
 
@@ -173,7 +179,7 @@ def test_run_spec_and_index_syntax_errors_name_their_line(platform: Platform, tm
     spec.write_text("name: x\ncommand: ls\ncompute: {cluster: local\n")
     result = cli("run", "submit", "-f", str(spec), code=2)
     assert error_lines(result) == [f"error: {spec}: not valid YAML: expected ',' or '}}', but got '<stream end>' "
-                                   "(while parsing a flow mapping that starts here) (line 3, column 10)"]
+                                   "on line 4 (while parsing a flow mapping that starts here) (line 3, column 10)"]
     assert result.output.splitlines()[1:] == ["    3 | compute: {cluster: local", "      |          ^"]
 
     text = '{\n  "shards": [\n    {"basename": "a.mds",}\n  ],\n  "version": 2\n}\n'

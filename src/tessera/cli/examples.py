@@ -30,6 +30,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "run submit": ("tessera run submit -f run.yaml", "tessera run submit -f run.yaml --cluster hpc --follow"),
     "run list": ("tessera run list --status RUNNING", "tessera run list --wide --format plain | grep FAILED"),
     "run describe": ("tessera run describe gpt-tiny", "tessera run describe gpt-tiny --json"),
+    "run metrics": ("tessera run metrics gpt-tiny --plot", "tessera run metrics gpt-tiny --json | jq .lr"),
     "run logs": ("tessera run logs gpt-tiny -f", "tessera run logs gpt-tiny --resumption 0 --rank 1"),
     "run stop": ("tessera run stop gpt-tiny --wait",),
     "run restart": ("tessera run restart gpt-tiny --cluster hpc",),
