@@ -215,3 +215,63 @@ def test_locks_of_a_process_killed_with_sigkill_block_nothing(tmp_path: Path) ->
     digest = file_digest(tmp_path / "model" / "model.safetensors")
     assert _recorded_digests(tmp_path / "model", tmp_path / "records" / "m.json") == {"model.safetensors": digest}
     assert not supervisor_running(tmp_path / "home")
+
+
+# --- tessera run metrics NAME --plot ------------------------------------------------------------------
+
+CURVES = """
+import json, math, os
+with open(os.environ["TESSERA_METRICS"], "a") as f:
+    for step in range(1, 31):
+        row = {"step": step, "loss/train": 0.6 + 3.5 * math.exp(-step / 9), "lr": 3e-4 * min(1, step / 6)}
+        f.write(json.dumps({**row, **({"loss/eval": row["loss/train"] + 0.1} if step % 10 == 0 else {})}) + "\\n")
+"""
+
+
+def test_run_metrics_plot_draws_the_loss_and_lr_curves_of_a_real_run(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run on the local cluster reports 30 steps; `tessera run metrics NAME --plot` in a pipe draws both
+    charts as plain text (no colour codes), the table and --json give the same rows."""
+    import sys
+    import time
+
+    from tessera.cli.main import app
+    from tessera.platform import Platform
+    from tessera.platform.supervision.supervisor import stop_supervisor
+
+    home = tmp_path / "home"
+    for name, value in (("TESSERA_HOME", str(home)), ("TESSERA_SUPERVISOR_POLL", "0.2"), ("COLUMNS", "100")):
+        monkeypatch.setenv(name, value)
+    for name in ("TESSERA_API_URL", "TESSERA_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    script = tmp_path / "curves.py"
+    script.write_text(CURVES)
+    platform = Platform(home)
+    try:
+        platform.create_run({"name": "curves", "command": f"{sys.executable} {script}",
+                             "compute": {"cluster": "local", "procs_per_node": 1}})
+        platform.wait_for_run_status("curves", "COMPLETED", timeout=60)
+        deadline = time.monotonic() + 30
+        while len(platform.run_metrics("curves")[0]) < 30 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop_supervisor(home)
+        platform.close()
+    runner = CliRunner()
+    drawn = runner.invoke(app, ["run", "metrics", "curves", "--plot"])
+    assert drawn.exit_code == 0, drawn.output
+    assert not CONTROL.search(drawn.output)
+    lines = drawn.output.splitlines()
+    assert lines[0].strip() == "loss" and "learning rate" in [line.strip() for line in lines]
+    assert sum("loss/train" in line for line in lines) == 1 and sum("loss/eval" in line for line in lines) == 1
+    assert re.search(r"^\s*1\.0\s.*\s30\.0\s*$", drawn.output, re.M)        # the step axis: 1 to 30
+    assert re.search(r"^0\.000300┤", drawn.output, re.M)                       # the lr axis tops at 3e-4
+    assert sum(ch in "⠀⣿" or "\u2800" <= ch <= "\u28ff" for ch in drawn.output) > 60   # braille curves
+    assert max(len(line) for line in lines) <= 100
+    listed = runner.invoke(app, ["run", "metrics", "curves", "--last", "3"])
+    assert listed.output.splitlines() == ["step  loss/train      lr  loss/eval",
+                                          "  28      0.7559  0.0003",
+                                          "  29      0.7395  0.0003",
+                                          "  30      0.7249  0.0003     0.8249"]
+    rows = [json.loads(line) for line in runner.invoke(app, ["run", "metrics", "curves", "--json"]).output.splitlines()]
+    assert [row["step"] for row in rows] == list(range(1, 31))

@@ -15,6 +15,7 @@ import yaml
 from tessera.cli.console import err, fail
 from tessera.cli.describe import describe_run
 from tessera.cli.output import FORMAT, STATE_STYLES, WIDE, Column, output_format, print_list, short_time
+from tessera.cli.run_metrics import metrics
 from tessera.platform import Platform, PlatformError, RunExists, RunStateError, SpecError
 from tessera.platform.api.client import RemotePlatform
 from tessera.platform.api.connection import connect
@@ -120,6 +121,9 @@ def logs(name: str, follow: bool = typer.Option(False, "-f", "--follow", help="K
         _follow(platform, name, rank, resumption, follow)
     except PlatformError as exc:
         fail(exc)
+
+
+app.command("metrics")(metrics)   # cli/run_metrics.py: a table, JSON lines, or --plot curves
 
 
 @app.command("stop")
