@@ -19,11 +19,9 @@ from sqlalchemy import Engine
 from tessera.platform.api.sdk import Platform
 from tessera.platform.home import private_dir
 from tessera.platform.runs.artifacts import ArtifactStore, open_root
+from tessera.platform.secrets.crypto import ENV_SECRET_KEY, ENV_SECRET_KEY_FILE
 from tessera.platform.spec.run_spec import validate_name
 from tessera.platform.store.homes import import_server_home
-
-ENV_SECRET_KEY = "TESSERA_SECRET_KEY"
-ENV_SECRET_KEY_FILE = "TESSERA_SECRET_KEY_FILE"
 
 
 def use_server_secret_key(server_home: Path) -> None:
