@@ -99,6 +99,25 @@ def stop_server(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
+@pytest.fixture(scope="session")
+def postgres_cluster() -> Iterator[object]:
+    """One throwaway PostgreSQL server (scripts/postgres-up.sh) for the session; each module that needs
+    one makes its own database on it (server_proc.fresh_database). Skipped where PostgreSQL cannot be
+    started, except in CI (CI=true), where that is a failure."""
+    from server_proc import start_postgres
+
+    try:
+        cluster = start_postgres()
+    except RuntimeError as exc:
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"PostgreSQL is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL cannot be started on this machine: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     folder = tmp_path_factory.mktemp("server")

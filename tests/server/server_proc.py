@@ -143,6 +143,19 @@ class Postgres:
         subprocess.run([str(SCRIPTS / "postgres-down.sh"), str(self.folder)], capture_output=True, timeout=60)
 
 
+def fresh_database(cluster: Postgres, name: str) -> Postgres:
+    """A new, empty database `name` on `cluster` (dropped first if a earlier run left it): modules of one
+    session share one PostgreSQL server, each with a database of its own. Stopping it stops the cluster:
+    leave that to the cluster's owner."""
+    import psycopg
+
+    admin = cluster.url.replace("postgresql+psycopg://", "postgresql://")
+    with psycopg.connect(admin, autocommit=True) as db:
+        db.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        db.execute(f"CREATE DATABASE {name}")
+    return Postgres(cluster.folder, cluster.url.rsplit("/", 1)[0] + f"/{name}")
+
+
 def start_postgres() -> Postgres:
     """scripts/postgres-up.sh in a new folder straight under the temp folder (the `postgres` user, which
     runs it when we are root, must reach it: pytest's temp folders are 0700). RuntimeError saying why

@@ -5,7 +5,6 @@ scoping and the audit log all live in PostgreSQL, and survive the server's resta
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import psycopg
 import pytest
 from alembic.config import Config
 from alembic.script import ScriptDirectory
-from server_proc import SCRIPTS, Postgres, ServerProcess, server_env, start_postgres, wait_all_done
+from server_proc import SCRIPTS, Postgres, ServerProcess, fresh_database, server_env, wait_all_done
 from typer.testing import CliRunner
 
 from tessera.cli.server import app as server_cli
@@ -30,16 +29,8 @@ def _head() -> str:
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    try:
-        cluster = start_postgres()
-    except RuntimeError as exc:
-        pytest.skip(f"PostgreSQL cannot be started on this machine: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-        shutil.rmtree(cluster.folder, ignore_errors=True)
+def postgres(postgres_cluster: Postgres) -> Postgres:
+    return fresh_database(postgres_cluster, "server")
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +115,8 @@ def test_an_unreachable_database_is_one_line(tmp_path: Path) -> None:
 def test_postgres_up_again_finds_the_running_server(postgres: Postgres, pg_server: ServerProcess) -> None:
     """scripts/postgres-up.sh on a folder whose server runs: the same URL (its real port, whatever port is
     asked for), the database and its tables kept."""
-    again = subprocess.run([str(SCRIPTS / "postgres-up.sh"), str(postgres.folder), str(free_port())],
-                           capture_output=True, text=True, timeout=60)
+    again = subprocess.run([str(SCRIPTS / "postgres-up.sh"), str(postgres.folder), str(free_port()),
+                            postgres.url.rsplit("/", 1)[1]], capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip() == postgres.url and again.stderr == ""
     assert sorted(sql(postgres, "SELECT name FROM teams")) == [("blue",), ("red",)]

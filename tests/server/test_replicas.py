@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cryptography.fernet import Fernet
-from server_proc import SERVER_CLI, Postgres, server_env, start_postgres
+from server_proc import SERVER_CLI, Postgres, fresh_database, server_env
 from sqlalchemy import insert
 from typer.testing import CliRunner
 
@@ -116,17 +116,8 @@ class Pair:
 
 
 @pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    try:
-        cluster = start_postgres()
-    except RuntimeError as exc:
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(f"PostgreSQL is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL cannot be started on this machine: {exc}")
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+def postgres(postgres_cluster: Postgres) -> Postgres:
+    return fresh_database(postgres_cluster, "replicas")
 
 
 @pytest.fixture(scope="module")
