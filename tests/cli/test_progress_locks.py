@@ -170,7 +170,8 @@ def test_locks_of_a_process_killed_with_sigkill_block_nothing(tmp_path: Path) ->
     from tessera.shards.packed_index import open_packed, packed_location
     from tessera.storage import open_store
     from tessera.storage.locks import filled_once
-    from tessera.stream.cache import META_DIR, ShardCache
+    from tessera.storage.state_folder import state_folder
+    from tessera.stream.cache import ShardCache
 
     with MDSWriter(columns={"text": "str"}, out=str(tmp_path / "data")) as writer:
         for i in range(20):
@@ -192,7 +193,7 @@ def test_locks_of_a_process_killed_with_sigkill_block_nothing(tmp_path: Path) ->
     index = tmp_path / "data" / "index.json"
     locks = [tmp_path / "models" / ".tiny-0123.lock", packed_location(index, True).with_name("index.packed.lock"),
              tmp_path / "records" / "m.lock", tmp_path / "home" / "supervisor.lock",
-             *(tmp_path / "cache" / META_DIR / "locks").glob("*.dl")]
+             *(state_folder(tmp_path / "cache") / "locks").glob("*.dl")]
     assert len(locks) == 5 and all(p.is_file() for p in locks)   # the killed process left its lock files ...
     for path in locks:                                          # ... and the kernel released every lock
         fd = os.open(path, os.O_RDWR)
@@ -211,7 +212,7 @@ def test_locks_of_a_process_killed_with_sigkill_block_nothing(tmp_path: Path) ->
     entry = read_index(remote).shards[0]
     cache = ShardCache(tmp_path / "cache", remote, cache_limit=1 << 30)
     assert cache.fetch(entry).stat().st_size == entry.raw_data.bytes  # type: ignore[union-attr]
-    assert list((tmp_path / "cache" / META_DIR / "reserved").iterdir()) == []   # its reservation too
+    assert list((state_folder(tmp_path / "cache") / "reserved").iterdir()) == []   # its reservation too
     digest = file_digest(tmp_path / "model" / "model.safetensors")
     assert _recorded_digests(tmp_path / "model", tmp_path / "records" / "m.json") == {"model.safetensors": digest}
     assert not supervisor_running(tmp_path / "home")

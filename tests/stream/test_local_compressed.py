@@ -21,6 +21,7 @@ from anchors import MDSWriter
 
 from tessera.shards import MDSDataset
 from tessera.shards.errors import ShardFormatError, TruncatedShard
+from tessera.storage.state_folder import state_folder
 from tessera.stream import Stream, StreamingDataLoader, StreamingDataset
 
 N = 120
@@ -90,7 +91,7 @@ def test_dataloader_workers_share_the_decompression(tmp_path: Path) -> None:
     ids = [int(i) for batch in loader for i in batch["id"]]
     assert set(ids) == set(range(N))
     names = {p.name for p in data.iterdir()}
-    assert names == {"index.json", ".tessera"} | {e["raw_data"]["basename"] for e in entries(data)} | {
+    assert names == {"index.json"} | {e["raw_data"]["basename"] for e in entries(data)} | {
         e["zip_data"]["basename"] for e in entries(data)}
 
 
@@ -113,7 +114,7 @@ def test_raw_file_without_its_compressed_copy_is_served(tmp_path: Path) -> None:
     data = tmp_path / "data"
     write_mosaic(data, range(N))
     read_ids(local=str(data))
-    shutil.rmtree(data / ".tessera")
+    shutil.rmtree(state_folder(data))
     for e in entries(data):
         (data / e["zip_data"]["basename"]).unlink()
     assert (read_ids(local=str(data))) == set(range(N))

@@ -2,8 +2,9 @@
 
 A dataset of 500k shards has an index.json of ~190 MB; parsing it into Python objects took every process
 seconds and ~1.5 GB. What readers need is a few numbers per shard, so the first process on a node packs
-the index into one binary file next to the cache (`<cache>/.tessera/index.packed`; for a local dataset,
-whose folder is never written to, under the node's temp dir: `packed_location`):
+the index into one binary file beside the cache (`index.packed` in the cache's state folder:
+storage/state_folder.py; for a local dataset, whose folder is never written to, under the node's temp
+dir: `packed_location`):
 
     prefix: magic, header length, file length, xxh3_64 of everything after the prefix
     header: JSON (format, the index's size, stat and xxh64, shard count, layouts, top-level keys, sections)
@@ -48,12 +49,14 @@ from tessera.shards.errors import IndexFormatError
 from tessera.shards.index import _FILE_KEYS, DatasetIndex, FileInfo, ShardEntry
 from tessera.shards.index_bulk import scan
 from tessera.shards.index_template import Block, Irregular, Template, value_fields
+from tessera.storage.array_file import file_digest
 from tessera.storage.local import temp_path_for
 from tessera.storage.locks import flocked
+from tessera.storage.state_folder import state_folder
 
 MAGIC = b"TSPACK01"
-FORMAT = 1
-PACKED_NAME = Path(".tessera") / "index.packed"
+FORMAT = 2  # 2: the first shard of each layout in the header; entries read with pread
+PACKED_NAME = "index.packed"
 _PREFIX = struct.Struct("<8sQQQ")  # magic, header length, file length, xxh3_64 of bytes after the prefix
 _ALIGN = 64
 _READ = 1 << 20
@@ -81,6 +84,7 @@ class _Writer:
         self.numbers: dict[str, BinaryIO] = {}
         self.texts: dict[str, tuple[BinaryIO, BinaryIO, list[int]]] = {}  # blob, lengths, [min, max] length
         self.layouts: list[ShardEntry] = []
+        self.firsts: dict[int, int] = {}  # layout -> its first shard
         self._keys: dict[str, int] = {}
 
     def layout_id(self, entry: ShardEntry) -> int:
@@ -96,6 +100,8 @@ class _Writer:
     def add(self, layout: np.ndarray, numbers: dict[str, np.ndarray],
             strings: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
         n = layout.size
+        for k in np.unique(layout).tolist():
+            self.firsts.setdefault(k, self.rows + int(np.argmax(layout == k)))
         numbers = {"layout": layout.astype(np.int64), **numbers}
         for name in sorted(numbers.keys() - self.numbers.keys()):  # (one order: the same bytes every time)
             self.numbers[name] = self._temp()
@@ -134,7 +140,8 @@ class _Writer:
             table[name] = [at, size, dtype, shape]
             at += -(-size // _ALIGN) * _ALIGN
         head = json.dumps({**header, "format": FORMAT, "shards": self.rows, "sections": table, "strings": strings,
-                           "layouts": [entry.to_json() for entry in self.layouts]}).encode()
+                           "layouts": [entry.to_json() for entry in self.layouts],
+                           "firsts": [self.firsts.get(k, 0) for k in range(len(self.layouts))]}).encode()
         start = -(-(_PREFIX.size + len(head)) // _ALIGN) * _ALIGN
         tmp = temp_path_for(dest)
         try:
@@ -146,7 +153,7 @@ class _Writer:
                     shutil.copyfileobj(file, out, _READ)
                 out.truncate(start + at)
                 out.seek(_PREFIX.size)
-                digest = _digest(out)
+                digest = file_digest(out)
                 out.seek(0)
                 out.write(_PREFIX.pack(MAGIC, len(head), start + at, digest))
             os.replace(tmp, dest)
@@ -165,14 +172,6 @@ class _Writer:
             out.write(sums.tobytes())
             carry = int(sums[-1])
         return out
-
-
-def _digest(file: BinaryIO) -> int:
-    """xxh3_64 of the rest of `file` from its position, read in chunks (nothing mapped)."""
-    h = xxhash.xxh3_64()
-    while chunk := file.read(_READ):
-        h.update(chunk)
-    return h.intdigest()
 
 
 def _stat_key(st: os.stat_result) -> list[int]:
@@ -232,10 +231,11 @@ def _add_entries(writer: _Writer, entries: Sequence[ShardEntry]) -> None:
 class PackedIndex(Sequence[ShardEntry]):
     """A packed index mapped read-only: per-shard arrays, and entries rebuilt on demand (a few cached)."""
 
-    def __init__(self, path: Path, index: Path, label: str, mapping: mmap.mmap, header: dict[str, Any],
-                 start: int) -> None:
+    def __init__(self, path: Path, index: Path, label: str, file: BinaryIO, mapping: mmap.mmap,
+                 header: dict[str, Any], start: int) -> None:
         self.path, self.index_path, self.label = path, index, label
-        self._map, self._start = mapping, start
+        self._file, self._map, self._start = file, mapping, start
+        self._firsts: list[int] = header["firsts"]
         self.fingerprint: str = header["index"]["xxh64"]
         self.extensions: dict[str, Any] = {k: v for k, v in header["top"].items() if k != "version"}
         self._sections: dict[str, list] = header["sections"]
@@ -244,7 +244,6 @@ class PackedIndex(Sequence[ShardEntry]):
         self._count = int(header["shards"])
         self.samples = self.array("samples")
         self.sample_base = self.array("sample_base")
-        self.layout_ids = self.array("layout")
         self._entries: OrderedDict[int, ShardEntry] = OrderedDict()
         self._largest: int | None = None
 
@@ -268,14 +267,21 @@ class PackedIndex(Sequence[ShardEntry]):
             self._largest = int(sizes.max(initial=0))
         return self._largest
 
+    def _read(self, name: str, at: int, size: int) -> bytes:
+        """`size` bytes of section `name` from byte `at`, read with pread: the values of one entry are
+        read, not mapped (a mapped page fault maps a whole folio of the file into this process)."""
+        return os.pread(self._file.fileno(), size, self._start + self._sections[name][0] + at)
+
+    def _number(self, name: str, shard: int) -> int:
+        return int.from_bytes(self._read(name, 8 * shard, 8), "little", signed=True)
+
     def text(self, name: str, shard: int) -> str:
         spec = self._strings[name]
-        blob = self.array(name)
         if "width" in spec:
             w = spec["width"]
-            return blob[shard * w:(shard + 1) * w].tobytes().decode()
-        offsets = self.array(spec["offsets"])
-        return blob[offsets[shard]:offsets[shard + 1]].tobytes().decode()
+            return self._read(name, shard * w, w).decode()
+        lo, hi = struct.unpack("<qq", self._read(spec["offsets"], 8 * shard, 16))
+        return self._read(name, lo, hi - lo).decode()
 
     def __len__(self) -> int:
         return self._count
@@ -297,14 +303,14 @@ class PackedIndex(Sequence[ShardEntry]):
         hit = self._entries.get(i)
         if hit is not None:
             return hit
-        layout = self.layouts[int(self.layout_ids[i])]
+        layout = self.layouts[self._number("layout", i)]
         files = {}
         for key in _FILE_KEYS:
             info = getattr(layout, key)
             if info is not None:
-                files[key] = FileInfo(self.text(f"{key}.basename", i), int(self.array(f"{key}.bytes")[i]),
+                files[key] = FileInfo(self.text(f"{key}.basename", i), self._number(f"{key}.bytes", i),
                                       {a: self.text(f"{key}.hashes.{a}", i) for a in info.hashes})
-        entry = dataclasses.replace(layout, samples=int(self.samples[i]), **files)
+        entry = dataclasses.replace(layout, samples=self._number("samples", i), **files)
         self._entries[i] = entry
         if len(self._entries) > _CACHED_ENTRIES:
             self._entries.popitem(last=False)
@@ -312,12 +318,11 @@ class PackedIndex(Sequence[ShardEntry]):
 
     def layout_shards(self) -> list[tuple[int, ShardEntry]]:
         """(first shard, its entry) of every layout, in shard order: what per-layout checks look at."""
-        firsts = [int(np.argmax(self.layout_ids == k)) for k in range(len(self.layouts))]
-        return sorted((shard, self[shard]) for shard in firsts)
+        return sorted((shard, self[shard]) for shard in self._firsts)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         """Pickled as where it is (a worker maps the same file), never as its arrays."""
-        return _reopen, (str(self.index_path), self.label, self.fingerprint, self.path == self.index_path.parent / PACKED_NAME)
+        return _reopen, (str(self.index_path), self.label, self.fingerprint, self.path == packed_beside(self.index_path))
 
 
 def _reopen(index: str, label: str, fingerprint: str, beside: bool) -> PackedIndex:
@@ -328,18 +333,23 @@ def _reopen(index: str, label: str, fingerprint: str, beside: bool) -> PackedInd
     return packed
 
 
+def packed_beside(index: Path) -> Path:
+    """The packed form of a cache folder's index.json: in the folder's state folder, beside the folder."""
+    return state_folder(index.parent) / PACKED_NAME
+
+
 def packed_location(index: Path, beside: bool) -> Path:
     """Where the packed form of `index` lives: with `beside` (a cache folder of downloaded shards)
-    `.tessera/index.packed` in its folder, if it can be written; else (a dataset folder, which is never
-    written to, or a read-only cache) a folder per index under the system temp dir of this node."""
-    local = index.parent / PACKED_NAME
+    `packed_beside`, if it can be written; else (a dataset folder, which is never written to, or a
+    read-only cache) a folder per index under the system temp dir of this node."""
+    local = packed_beside(index)
     with contextlib.suppress(OSError):
         if beside:
             local.parent.mkdir(parents=True, exist_ok=True)
             if os.access(local.parent, os.W_OK):
                 return local
     digest = hashlib.sha1(str(index.resolve()).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / "tessera-packed" / digest / PACKED_NAME.name
+    return Path(tempfile.gettempdir()) / "tessera-packed" / digest / PACKED_NAME
 
 
 def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedIndex | None:
@@ -353,7 +363,7 @@ def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedInde
         if len(prefix) != _PREFIX.size:
             return None
         magic, head_len, length, digest = _PREFIX.unpack(prefix)
-        if magic != MAGIC or os.fstat(file.fileno()).st_size != length or _digest(file) != digest:
+        if magic != MAGIC or os.fstat(file.fileno()).st_size != length or file_digest(file) != digest:
             return None
         file.seek(_PREFIX.size)
         try:
@@ -363,8 +373,8 @@ def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedInde
         if header.get("format") != FORMAT or header["index"]["stat"] != _stat_key(st):
             return None
         mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-    start = -(-(_PREFIX.size + head_len) // _ALIGN) * _ALIGN
-    return PackedIndex(path, index, label, mapping, header, start)
+        start = -(-(_PREFIX.size + head_len) // _ALIGN) * _ALIGN
+        return PackedIndex(path, index, label, open(path, "rb"), mapping, header, start)  # noqa: SIM115 - kept
 
 
 def open_packed(index: Path, label: str, beside: bool = False) -> PackedIndex:

@@ -1,7 +1,8 @@
 """The node-local shard cache: downloads, pins and eviction, coordinated only through the cache folder.
 
 Several ranks, DataLoader workers and even unrelated jobs may share one cache folder. They coordinate
-with `flock`ed files under `<cache>/.tessera/` and atomic renames, never shared memory:
+with `flock`ed files in the cache's state folder (beside it: storage/state_folder.py) and atomic
+renames, never shared memory:
 - one exclusive lock per shard serialises its download (others wait, then find it present);
 - a reader holds a shared lock on the shard's pin file, and eviction only removes a shard whose pin
   it can lock exclusively without waiting, so a shard being read is never evicted;
@@ -37,9 +38,10 @@ from tessera.shards.index import ShardEntry
 from tessera.storage import IntegrityError, Store, download_from
 from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_atomic
 from tessera.storage.locks import flocked
+from tessera.storage.state_folder import INSIDE, state_folder
 from tessera.stream.integrity import remember_verified, verify_file
 
-META_DIR = ".tessera"
+META_DIR = INSIDE  # an earlier Tessera's state folder inside the cache (state_folder.py), never a shard
 DOWNLOAD_LOG = "downloads.log"
 INDEX_NAME = "index.json"
 
@@ -80,7 +82,7 @@ def download_counts(root: str | Path) -> Counter[str]:
     """Downloads per shard basename into the cache folder `root` (a stream's `local`), by every process
     that shared it, from its journal (`ShardCache._log_download`)."""
     try:
-        text = (Path(root) / META_DIR / DOWNLOAD_LOG).read_text()
+        text = (state_folder(root) / DOWNLOAD_LOG).read_text()
     except FileNotFoundError:
         return Counter()
     return Counter(line for line in text.splitlines() if line)
@@ -115,7 +117,8 @@ class ShardCache:
         self.keep_zip = keep_zip
         # Every stream's folder: `cache_limit` bounds their sum, and any of them may be evicted from.
         self.peer_roots = [Path(p) for p in peer_roots] if peer_roots else [self.root]
-        self.meta = self.root / META_DIR
+        self._states = {r: state_folder(r) for r in {self.root, *self.peer_roots}}
+        self.meta = self._states[self.root]
         self.stats = CacheStats()
 
     # paths -------------------------------------------------------------------------------
@@ -123,10 +126,10 @@ class ShardCache:
         return self.root / entry.raw_data.basename
 
     def _stamp_path(self, basename: str, root: Path | None = None) -> Path:
-        return (root or self.root) / META_DIR / "stamps" / (basename.replace("/", "__") + ".stamp")
+        return self._states[root or self.root] / "stamps" / (basename.replace("/", "__") + ".stamp")
 
     def _lock_path(self, basename: str, kind: str, root: Path | None = None) -> Path:
-        return (root or self.root) / META_DIR / "locks" / f"{basename.replace('/', '__')}.{kind}"
+        return self._states[root or self.root] / "locks" / f"{basename.replace('/', '__')}.{kind}"
 
     # queries -----------------------------------------------------------------------------
     def is_ready(self, entry: ShardEntry) -> bool:
@@ -324,7 +327,7 @@ class ShardCache:
         return total
 
     def _reservation_path(self, basename: str, root: Path | None = None) -> Path:
-        return (root or self.root) / META_DIR / "reserved" / basename.replace("/", "__")
+        return self._states[root or self.root] / "reserved" / basename.replace("/", "__")
 
     def _reserved(self) -> int:
         """Bytes reserved by downloads in flight (their temp files are not counted as shard files).
@@ -333,13 +336,13 @@ class ShardCache:
         """
         total = 0
         for root in self.peer_roots:
-            folder = root / META_DIR / "reserved"
+            folder = self._states[root] / "reserved"
             try:
                 names = os.listdir(folder)
             except FileNotFoundError:
                 continue
             for name in names:
-                fd = os.open(root / META_DIR / "locks" / f"{name}.dl", os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self._states[root] / "locks" / f"{name}.dl", os.O_RDWR | os.O_CREAT, 0o644)
                 try:
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -366,7 +369,7 @@ class ShardCache:
         if need > self.cache_limit:
             raise CacheLimitError(f"cache_limit {self.cache_limit} bytes cannot hold one shard of {need} "
                                   f"bytes; raise cache_limit")
-        with flocked(self.peer_roots[0] / META_DIR / "cache.lock", fcntl.LOCK_EX):
+        with flocked(self._states[self.peer_roots[0]] / "cache.lock", fcntl.LOCK_EX):
             files = self._shard_files()
             used = self._reserved()
             for _, p in files:
