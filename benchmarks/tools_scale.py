@@ -6,10 +6,11 @@ so every entry names its own file and every file is a real shard. Each shard ent
 --parts part indexes (`parts/part-NNNNN/index.json`), the input of `merge_index` as parallel conversion
 (Ray, Spark) leaves it; the parts are merged from the local disk and from a SeaweedFS bucket on loopback.
 
-Every figure is one fresh child process (wall time and peak RSS of that process), measured in turn:
+Every figure is one fresh child process (wall time, its peak RSS and its largest worker's), in turn:
 
 - `json.load` of index.json: the floor every reader of the JSON pays;
-- `tessera data inspect` and `tessera data verify --index-only`;
+- `tessera data inspect` and `tessera data verify --index-only` (both read the packed index, packing it
+  first: the packed file of the dataset is removed before each run, so every run packs);
 - `tessera data verify --quick` (sizes, hashes, headers of every shard) with --workers 1 and 2;
 - `merge_index` of the parts, one GET at a time (concurrency 1) and in parallel, local and over S3.
 
@@ -95,6 +96,9 @@ def generate(work: Path, shards: int, parts: int) -> Path:
 # --- one figure per child process ----------------------------------------------------------------------------
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     what, ds = spec["what"], Path(spec["ds"])
+    from tessera.shards.packed_index import packed_location
+
+    packed_location(ds / "index.json", beside=False).unlink(missing_ok=True)  # every run packs it
     t0 = time.perf_counter()
     out: dict[str, Any] = {}
     if what == "json-load":
@@ -119,6 +123,7 @@ def child(spec: dict[str, Any]) -> dict[str, Any]:
         out["shards"] = len(merge_parts(None, target, **kwargs).shards)
     out["seconds"] = time.perf_counter() - t0
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["workers_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # the largest
     return out
 
 
@@ -184,13 +189,14 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\n{args.shards:,} shards of {SAMPLES} samples, {args.parts} part indexes")
-    print("| figure | seconds | peak RSS (MB) | result |")
-    print("|---|---|---|---|")
+    print("| figure | seconds | peak RSS (MB) | largest worker (MB) | result |")
+    print("|---|---|---|---|---|")
     for what, r in rows.items():
         if "error" in r:
             print(f"| {what} | failed | | {r['error']} |")
             continue
-        print(f"| {what} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | {r.get('output', r.get('shards', ''))} |")
+        print(f"| {what} | {r['seconds']:.2f} | {r['peak_rss_mb']:.0f} | {r['workers_peak_rss_mb']:.0f} | "
+              f"{r.get('output', r.get('shards', ''))} |")
     print(json.dumps({"benchmark": "tools_scale", "shards": args.shards, "parts": args.parts,
                       "cpus": os.cpu_count(), "load_avg": os.getloadavg(), "rows": rows}))
 

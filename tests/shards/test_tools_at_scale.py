@@ -2,8 +2,7 @@
 
 - `tessera data verify` checks shards in worker processes and still names the one damaged shard, with the
   same problems as the one-process check; without a terminal it prints plain progress lines;
-- `--index-only` checks index.json alone; the scan behind it (index_check.py: entries checked in chunks,
-  files listed twice found across chunks) gives `DatasetIndex.from_json`'s verdict on any index;
+- `--index-only` checks index.json alone (its packed form: packed_index.py), and `inspect` sums it;
 - `merge_index` fetches part indexes in parallel (several GETs in flight at once), and the merged bytes
   equal the one-at-a-time merge's, here over 200 part indexes in a SeaweedFS bucket.
 """
@@ -16,15 +15,11 @@ import threading
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
 from tessera.progress import plain_line
-from tessera.shards import ShardWriter, index_check
-from tessera.shards.index import DatasetIndex, IndexFormatError
-from tessera.shards.index_check import scan_index
+from tessera.shards import ShardWriter
 from tessera.shards.merge import merge_parts
 from tessera.shards.verify import verify_dataset
 from tessera.storage import open_store
@@ -70,12 +65,18 @@ def test_parallel_verify_names_the_damaged_shard_with_plain_progress(damaged: tu
     assert quiet.exit_code == 1 and "verifying" not in quiet.output
 
 
-def test_index_only_checks_the_index_alone(damaged: tuple[Path, int], tmp_path: Path) -> None:
+def test_index_only_and_inspect_read_the_packed_index(damaged: tuple[Path, int], tmp_path: Path) -> None:
     root, _ = damaged
     res = runner.invoke(app, ["data", "verify", str(root), "--index-only"])
     assert res.exit_code == 0, res.output
     assert res.output.strip() == f"ok: index.json of {SHARDS} shards, {2 * SHARDS} samples in {root}"
     index = json.loads((root / "index.json").read_text())
+    res = runner.invoke(app, ["data", "inspect", str(root), "--json"])
+    raw = sum(entry["raw_data"]["bytes"] for entry in index["shards"])
+    assert json.loads(res.stdout) == {
+        "url": str(root), "samples": 2 * SHARDS, "shards": SHARDS, "columns": {"n": "int", "s": "str"},
+        "formats": {"mds": SHARDS}, "compression": ["none"], "hashes": ["xxh64"], "raw_bytes": raw,
+        "stored_bytes": raw, "compression_ratio": 1.0, "extensions": []}
     index["shards"].append(dict(index["shards"][3]))
     (tmp_path / "index.json").write_text(json.dumps(index))
     res = runner.invoke(app, ["data", "verify", str(tmp_path), "--index-only"])
@@ -90,7 +91,6 @@ def test_plain_progress_line() -> None:
         "verifying shards: 12,288/488,894 (2.5%), 4,096/s, 1m56s left"
 
 
-# --- the scan gives from_json's verdict ------------------------------------------------------------------
 ENTRY = {"basename": "a", "bytes": 100, "hashes": {}}
 
 
@@ -98,35 +98,6 @@ def _entry(name: str, samples: int) -> dict:
     return {"column_encodings": ["int"], "column_names": ["n"], "column_sizes": [8], "compression": None,
             "format": "mds", "hashes": [], "raw_data": {**ENTRY, "basename": name}, "samples": samples,
             "size_limit": None, "version": 2, "zip_data": None}
-
-
-# mostly valid entries over few names (so files repeat, within and across chunks), some invalid ones
-entries = st.lists(st.tuples(st.sampled_from(["a", "b", "c", "d", "e", "f", "g", "./a"] * 4 + ["x/../b", "/abs"]),
-                             st.sampled_from([1, 3] * 8 + [0, 30, -1])), max_size=12)
-
-
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(drawn=entries, tail=st.sampled_from([', "version": 2}', ', "v": [1], "version": 2}', ', "version": 3}', "}",
-                                            ', "version": 2} x', ', "shards": [], "version": 2}']))
-def test_the_scan_gives_from_jsons_verdict(monkeypatch: pytest.MonkeyPatch, drawn: list, tail: str) -> None:
-    """Files listed twice within a chunk and across chunks (chunks of 3 here), invalid entries before or
-    after them, hidden samples, other top-level keys, no index at all: the same error, or the same
-    problems listed."""
-    monkeypatch.setattr(index_check, "CHUNK", 3)
-    text = '{"shards": ' + json.dumps([_entry(name, n) for name, n in drawn]) + tail
-    try:
-        index = DatasetIndex.from_json(text, "index.json", strict=False)
-        want, hidden = None, [str(p) for p in index.inconsistencies("index.json")]
-    except IndexFormatError as exc:
-        want, hidden = str(exc), None
-    try:
-        scan = scan_index(text, "index.json")
-    except IndexFormatError as exc:  # what split_index hands to from_json
-        assert str(exc) == want
-        return
-    assert (str(scan.error) if scan.error else None) == want
-    if want is None:
-        assert [str(p) for p in scan.facts.hidden] == hidden and scan.facts.samples == index.num_samples
 
 
 # --- merge_index ---------------------------------------------------------------------------------------------

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,15 +17,13 @@ from tessera.cli.console import err, fail, out
 from tessera.progress import WorkProgress
 from tessera.shards import MDSDataset, ShardError, repair_index
 from tessera.shards.convert import convert as run_convert
-from tessera.shards.dataset import index_bytes, open_dataset_store
+from tessera.shards.dataset import open_dataset_store
 from tessera.shards.errors import DatasetExists
-from tessera.shards.index import INDEX_BASENAME
-from tessera.shards.index_check import scan_index
 from tessera.shards.interrupted import Interrupted, InterruptedWrite
 from tessera.shards.merge import merge_parts
 from tessera.shards.session import JOURNAL_BASENAME
 from tessera.shards.sources import FORMATS, SourceError, parse_columns
-from tessera.shards.verify import verify_dataset
+from tessera.shards.verify import packed_index, verify_dataset
 from tessera.storage import StorageError
 
 app = typer.Typer(help="Convert data to MDS shards and inspect, verify or repair datasets.", no_args_is_help=True)
@@ -84,32 +85,43 @@ def convert(input: str = typer.Argument(..., help="File or folder, or bucket URL
               f"({summary.samples_per_second:,.0f} samples/s, {summary.mb_per_second:,.1f} MB/s)")
 
 
-def _describe(url: str, split: str | None, workers: int | None) -> dict[str, Any]:
-    """inspect's figures from a scan of index.json (index_check.py: no object per shard)."""
+def _describe(url: str, split: str | None) -> dict[str, Any]:
+    """inspect's figures from the packed index (packed_index.py: arrays, no object per shard)."""
     store = open_dataset_store(url, split)
-    scan = scan_index(index_bytes(store), store.url_for(INDEX_BASENAME), workers)
-    if scan.error or scan.facts.hidden:  # refused as every reader refuses it
-        raise scan.error or scan.facts.hidden[0]
-    facts = scan.facts
-    return {
-        "url": store.url, "samples": facts.samples, "shards": scan.shards, "columns": facts.columns or {},
-        "formats": dict(facts.formats), "compression": sorted(facts.compression), "hashes": sorted(facts.hashes),
-        "raw_bytes": facts.raw_bytes, "stored_bytes": facts.stored_bytes,
-        "compression_ratio": facts.raw_bytes / facts.stored_bytes if facts.stored_bytes else 1.0,
-        "extensions": sorted(scan.index.extensions),
-    }
+    with tempfile.TemporaryDirectory(prefix="tessera-inspect-") as tmp:
+        packed = packed_index(store, Path(tmp))
+        none = np.zeros(len(packed), np.int64)
+        raw, zipped = packed.bytes_of("raw_data"), packed.bytes_of("zip_data")
+        raw = none if raw is None else raw
+        stored = raw if zipped is None else np.where(zipped >= 0, zipped, raw)
+        formats: Counter[str] = Counter()
+        used = []
+        for layout, count in zip(packed.layouts, np.bincount(packed.layout_ids, minlength=len(packed.layouts)),
+                                 strict=True):
+            if count:
+                formats[layout.format] += int(count)
+                used.append(layout)
+        first = packed[0] if len(packed) else None
+        return {
+            "url": store.url, "samples": int(packed.samples.sum()), "shards": len(packed),
+            "columns": dict(zip(first.column_names, first.column_encodings, strict=True)) if first else {},
+            "formats": dict(formats), "compression": sorted({layout.compression or "none" for layout in used}),
+            "hashes": sorted({h for layout in used for h in layout.hashes}),
+            "raw_bytes": int(raw.sum()), "stored_bytes": int(stored.sum()),
+            "compression_ratio": int(raw.sum()) / int(stored.sum()) if stored.sum() else 1.0,
+            "extensions": sorted(packed.extensions),
+        }
 
 
-WORKERS_HELP = "Processes that check the index and shards (default: one per CPU for a large index)."
+WORKERS_HELP = "Processes that check the shards (default: one per CPU from 512 shards)."
 
 
 @app.command()
 def inspect(url: str, split: str = typer.Option(None, help="Sub-folder holding the split's index.json."),
-            as_json: bool = typer.Option(False, "--json", help="Print JSON."),
-            workers: int = typer.Option(None, min=1, help=WORKERS_HELP)) -> None:
+            as_json: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
     """Samples, shards, columns and encodings, raw and stored bytes, compression ratio."""
     try:
-        info = _describe(url, split, workers)
+        info = _describe(url, split)
     except ERRORS as exc:
         fail(exc)
     if as_json:

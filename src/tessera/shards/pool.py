@@ -22,7 +22,6 @@ from tessera.shards.convert import _spawn_without_main, start_method
 
 R = TypeVar("R")
 AHEAD_PER_WORKER = 3  # chunks in flight per worker: one running, the next ones queued
-SCAN_MIN_ENTRIES = 100_000  # an index with fewer entries is scanned in this process (~30 us each)
 CHECK_MIN_SHARDS = 512  # a dataset with fewer shards is checked in this process
 
 

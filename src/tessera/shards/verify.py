@@ -7,27 +7,29 @@ bytes cannot hold: index.py refuses it as it parses) is one error. Where `conver
 rows each shard holds (provenance.py), rows stored in two shards are problems too: every file is sound,
 yet readers would see those samples twice.
 
-At the scale of half a million shards: the index is scanned (index_check.py) rather than parsed into an
-object per shard, `index_only` stops there, and the shards are checked in chunks by `workers` processes
-(pool.py), each chunk's problems reported in shard order. A shard of a local dataset is checked where it
-lies (a compressed one is decompressed into a temporary folder); a remote one is downloaded first.
+At the scale of half a million shards: the index is read into its packed form (packed_index.py: checked
+as every reader checks it, one array per field, no object per shard; a remote index.json is downloaded
+into a temporary folder first), `index_only` stops there, and the shards are checked in chunks by
+`workers` processes (pool.py), each mapping the same packed file, each chunk's problems reported in shard
+order. A shard of a local dataset is checked where it lies (a compressed one is decompressed into a
+temporary folder); a remote one is downloaded first.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from tessera.shards.dataset import index_bytes, open_dataset_store
 from tessera.shards.errors import ShardError, ShardFormatError
 from tessera.shards.fetch import decompress_file
-from tessera.shards.index import INDEX_BASENAME, FileInfo, ShardEntry
-from tessera.shards.index_check import IndexText, scan_index
+from tessera.shards.index import INDEX_BASENAME, DatasetIndex, FileInfo, InconsistentIndex, ShardEntry
+from tessera.shards.packed_index import PackedIndex, open_packed
 from tessera.shards.pool import AHEAD_PER_WORKER, CHECK_MIN_SHARDS, auto_workers, ordered_map, worker_pool
 from tessera.shards.provenance import PROVENANCE_KEY, provenance_problems
 from tessera.shards.text_reader import open_shard_reader
@@ -117,25 +119,49 @@ def _verify_shard(store: Store, shard: int, entry: ShardEntry, tmp: Path, decode
     return []
 
 
-_opened: dict[tuple[str, str | None], Store] = {}  # a worker process's stores, opened once
+_opened: dict[Any, Any] = {}  # a worker process's stores and packed indexes, opened once
 
 
-def check_shards(where: Store | tuple[str, str | None], start: int, items: str, decode: bool,
-                 allow_unsafe: bool) -> list[str]:
-    """The problems of the shards whose index entries are `items` (JSON array items, the first being
-    shard `start`), in shard order. Runs in a worker: `where` is the dataset's (url, split) there, or the
-    store itself in this process."""
-    store = where if isinstance(where, Store) else _opened.get(where) or _opened.setdefault(
-        where, open_dataset_store(*where))
+def _open(kind: str, how: Any) -> Any:
+    """In a worker: the store of (url, split), or the packed index its `__reduce__` reopens (once each)."""
+    if (kind, how) not in _opened:
+        _opened[kind, how] = open_dataset_store(*how) if kind == "store" else how[0](*how[1])
+    return _opened[kind, how]
+
+
+Entries = Sequence[ShardEntry]
+Where = tuple[Store, Entries] | tuple[tuple[str, str | None], tuple[Any, tuple[Any, ...]]]
+
+
+def check_shards(where: Where, lo: int, hi: int, decode: bool, allow_unsafe: bool) -> list[str]:
+    """The problems of shards lo..hi-1, in shard order. Runs in a worker: `where` is (the store, the index's
+    entries) in this process, or what opens them in a worker process: (url, split), and the packed
+    index's own way of mapping itself again (`PackedIndex.__reduce__`)."""
+    store, entries = where
+    if not isinstance(store, Store):
+        store, entries = _open("store", store), _open("packed", entries)
     problems: list[str] = []
-    label = store.url_for(INDEX_BASENAME)
     with tempfile.TemporaryDirectory(prefix="tessera-verify-") as tmp:
-        for shard, raw in enumerate(json.loads(f"[{items}]"), start):
-            entry = ShardEntry.from_json(raw, label, shard)  # valid: the scan checked it
-            problems += _verify_shard(store, shard, entry, Path(tmp), decode, allow_unsafe)
+        for shard in range(lo, hi):
+            problems += _verify_shard(store, shard, entries[shard], Path(tmp), decode, allow_unsafe)
             for path in Path(tmp).iterdir():
                 path.unlink()
     return problems
+
+
+def packed_index(store: Store, folder: Path) -> PackedIndex:
+    """The packed form of the dataset's index.json (IndexFormatError as every reader's): of the file itself
+    in a local folder, else of a copy downloaded into `folder`, packed there too."""
+    label = store.url_for(INDEX_BASENAME)
+    local = store.local_path(INDEX_BASENAME)
+    if local is not None:
+        if not local.is_file():
+            index_bytes(store)  # raises DatasetNotFound, naming the dataset
+        return open_packed(local, label)
+    local = folder / "index" / INDEX_BASENAME  # packed beside its folder: still inside `folder`
+    local.parent.mkdir()
+    local.write_bytes(index_bytes(store))
+    return open_packed(local, label, beside=True)
 
 
 def verify_dataset(url: str | Path | Store, split: str | None = None, *, decode: bool = True,
@@ -143,42 +169,52 @@ def verify_dataset(url: str | Path | Store, split: str | None = None, *, decode:
                    index_only: bool = False, workers: int | None = 1) -> VerifyReport:
     """Check the index and (unless `index_only`) every shard; returns a report listing each problem found.
 
-    `workers` processes check the shards (None: one per CPU for a large index, pool.py; threads when `url`
-    is a Store object, which cannot be passed to another process); `progress(done, total)` is called as
-    chunks of shards are done, in order.
+    `workers` processes check the shards (None: one per CPU from CHECK_MIN_SHARDS shards, pool.py;
+    threads when `url` is a Store object, which cannot be passed to another process); `progress(done,
+    total)` is called as chunks of shards are done, in order.
     """
     store = open_dataset_store(url, split)
     report = VerifyReport(store.url)
     label = store.url_for(INDEX_BASENAME)
-    try:
-        data = index_bytes(store)
-        scan = scan_index(data, label, workers, named=PROVENANCE_KEY.encode() in data)
-    except (ShardError, StorageError) as exc:
-        return report.refused(str(exc))
-    del data
-    if scan.error is not None:
-        return report.refused(str(scan.error))
-    report.shards, report.samples = scan.shards, scan.facts.samples
-    report.problems = [str(problem) for problem in scan.facts.hidden]
-    if scan.facts.named is not None:  # source rows stored twice
-        report.problems += provenance_problems(scan.index.extensions, scan.facts.named, label)
-    if not index_only:
-        report.problems += _check_all(url, split, store, scan.index, workers, decode, allow_unsafe_types, progress)
+    with tempfile.TemporaryDirectory(prefix="tessera-verify-index-") as tmp:
+        try:
+            entries: Entries = packed_index(store, Path(tmp))
+            extensions = entries.extensions
+        except InconsistentIndex:  # listed rather than refused, if it is only samples hidden (see the doc)
+            try:
+                index = DatasetIndex.from_json(index_bytes(store), label, strict=False)
+            except (ShardError, StorageError) as exc:
+                return report.refused(str(exc))
+            entries, extensions = index.shards, index.extensions
+            report.problems += [str(problem) for problem in index.inconsistencies(label)]
+        except (ShardError, StorageError) as exc:
+            return report.refused(str(exc))
+        report.shards, report.samples = len(entries), _samples(entries)
+        if PROVENANCE_KEY in extensions:  # source rows stored twice
+            named = [(entry.raw_data.basename, entry.samples) for entry in entries]
+            report.problems += provenance_problems(extensions, named, label)
+        if not index_only:
+            report.problems += _check_all(url, split, store, entries, workers, decode, allow_unsafe_types, progress)
     return report
 
 
-def _check_all(url: str | Path | Store, split: str | None, store: Store, index: IndexText, workers: int | None,
+def _samples(entries: Entries) -> int:
+    return int(entries.samples.sum()) if isinstance(entries, PackedIndex) else sum(e.samples for e in entries)
+
+
+def _check_all(url: str | Path | Store, split: str | None, store: Store, entries: Entries, workers: int | None,
                decode: bool, allow_unsafe: bool, progress: Callable[[int, int], None] | None) -> list[str]:
     """Every shard's problems, in shard order, checked in chunks by a pool (see `verify_dataset`)."""
-    workers = auto_workers(workers, len(index), CHECK_MIN_SHARDS)
-    threads = not isinstance(url, str | os.PathLike)
-    size = max(1, min(MAX_CHUNK, math.ceil(len(index) / (workers * 16))))
-    where = store if threads else (os.fspath(url), split)  # type: ignore[arg-type]
-    jobs = ((where, lo, items, decode, allow_unsafe) for lo, items in index.chunks(size))
+    total = len(entries)
+    workers = auto_workers(workers, total, CHECK_MIN_SHARDS)
+    threads = not isinstance(url, str | os.PathLike) or not isinstance(entries, PackedIndex)
+    size = max(1, min(MAX_CHUNK, math.ceil(total / (workers * 16))))
+    where: Where = (store, entries) if threads else ((os.fspath(url), split), entries.__reduce__())  # type: ignore[union-attr]
+    jobs = ((where, lo, min(total, lo + size), decode, allow_unsafe) for lo in range(0, total, size))
     problems: list[str] = []
     with worker_pool(workers, threads) as pool:
         for i, found in enumerate(ordered_map(pool, check_shards, jobs, workers * AHEAD_PER_WORKER)):
             problems += found
             if progress:
-                progress(min(len(index), (i + 1) * size), len(index))
+                progress(min(total, (i + 1) * size), total)
     return problems
