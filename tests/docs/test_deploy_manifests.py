@@ -33,8 +33,8 @@ HEALTH = "/api/v1/health"
 SECRET_VARIABLES = {"TESSERA_DB_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "TESSERA_SECRET_KEY"}
 PLACEHOLDERS = ("CHANGE_ME", "PASSWORD", "...")
 # Designed in issue 23 ("Shared artifacts"), not built when deploy/ was written.
-NOT_BUILT_OPTIONS = {("server", "start"): {"--artifacts"}}
-NOT_BUILT_VARIABLES = {"TESSERA_ARTIFACTS_URL"}
+NOT_BUILT_OPTIONS: dict[tuple[str, ...], set[str]] = {}   # every option the design names is built now
+NOT_BUILT_VARIABLES: set[str] = set()
 
 
 def manifests() -> list[tuple[str, dict]]:
