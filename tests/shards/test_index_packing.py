@@ -20,7 +20,7 @@ from tessera.shards.index import DatasetIndex, check_basename, shard_key
 from tessera.shards.index_bulk import scan
 from tessera.shards.index_template import Irregular
 from tessera.shards.index_values import safe_names
-from tessera.shards.packed_index import open_packed, packed_location
+from tessera.shards.packed_index import _layout_key, open_packed, packed_location
 
 MDS = {"column_encodings": ["int", "str"], "column_names": ["id", "s"], "column_sizes": [8, None],
        "compression": None, "format": "mds", "hashes": ["sha1", "xxh64"],
@@ -65,6 +65,10 @@ def _same_as_loader(path: Path) -> None:
     assert packed.sample_base.tolist() == np.concatenate([[0], np.cumsum(packed.samples)]).tolist()
     assert packed.fingerprint == xxhash.xxh64(path.read_bytes()).hexdigest()
     assert packed.extensions == want.extensions
+    firsts: dict[str, int] = {}
+    for i, entry in enumerate(want.shards):
+        firsts.setdefault(_layout_key(entry), i)
+    assert [shard for shard, _ in packed.layout_shards()] == sorted(firsts.values())  # (from the header)
 
 
 def _bulk(path: Path) -> bool:
@@ -113,6 +117,8 @@ def test_unusual_but_valid_indexes_are_packed_whole(tmp_path: Path) -> None:
     odd = _entries(MDS, 5)
     odd[2]["raw_data"]["basename"] = "./sub//shard.x.mds"  # valid; its key is sub/shard.x.mds
     odd[3]["raw_data"]["basename"] = "dé/shard.3.mds"
+    odd.append({**ZSTD, "raw_data": {**ZSTD["raw_data"], "basename": "same.mds"},
+                "zip_data": {**ZSTD["zip_data"], "basename": "same.mds"}})  # one shard naming a file twice
     path = _write(tmp_path / "a", odd, ascii=False)
     assert _bulk(path)  # names outside the bulk rule go through check_basename one by one
     _same_as_loader(path)

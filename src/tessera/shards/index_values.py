@@ -101,31 +101,22 @@ def checked_names(blob: np.ndarray, lengths: np.ndarray, shards: np.ndarray, lab
 
 
 class NameClaims:
-    """The files every shard names, kept as (name hash, shard) to find one named by two shards."""
+    """The files the shards name, kept as name hashes (8 bytes a name) to find one named by two shards."""
 
     def __init__(self) -> None:
         self.hashes: list[np.ndarray] = []
-        self.shards: list[np.ndarray] = []
 
-    def add(self, hashes: np.ndarray, shards: np.ndarray) -> None:
+    def add(self, hashes: np.ndarray) -> None:
+        """Hashes of names, no two of them from one shard (a shard may name one file twice)."""
         self.hashes.append(hashes)
-        self.shards.append(shards.astype(np.int32 if shards.size and shards[-1] < 2**31 else np.int64))
 
     def check(self) -> None:
-        """Irregular if a file is named by two shards (the whole-text parse names it). One sort of the
-        hashes; only when two are equal, the shards are looked at (one shard may name a file twice)."""
-        if not self.hashes:
-            return
-        hashes = np.concatenate(self.hashes)
+        """Irregular if two hashes are equal: a file named by two shards (or, with negligible chance, two
+        names that collide), which the whole-text parse then names (or accepts)."""
+        hashes = np.concatenate(self.hashes) if self.hashes else np.zeros(0, np.uint64)
+        self.hashes = []
         hashes.sort()
-        if not (hashes[1:] == hashes[:-1]).any():
-            return
-        hashes = np.concatenate(self.hashes)
-        order = np.argsort(hashes, kind="stable")
-        hashes = hashes[order]
-        same = np.flatnonzero(hashes[1:] == hashes[:-1])
-        shards = np.concatenate(self.shards)[order]
-        if (shards[same + 1] != shards[same]).any():
+        if (hashes[1:] == hashes[:-1]).any():
             raise Irregular("a file named by two shards")
 
 
@@ -154,9 +145,15 @@ def check_values(block: Block, templates: list[Template], first_shard: int, labe
         if ((samples[mine] == 0) & (block.numbers["raw_data.bytes"][mine] > entry.empty_size())).any():
             raise Irregular("samples: 0 on a shard that holds samples")
     shards = first_shard + np.arange(block.layout.size, dtype=np.int64)
+    seen: list[tuple[np.ndarray, np.ndarray]] = []  # (hashes, present) of the block's name columns so far
     for name, (blob, lengths) in block.strings.items():
         if name.endswith(".basename"):
             present = lengths > 0
             if (np.array([name in t.fields for t in templates])[block.layout] & ~present).any():
                 raise Irregular("an empty basename")
-            claims.add(checked_names(blob, lengths, shards, label)[present], shards[present])
+            hashes = checked_names(blob, lengths, shards, label)
+            fresh = present.copy()
+            for other, there in seen:  # a name the same shard already gave in another column: once
+                fresh &= ~(there & (other == hashes))
+            seen.append((hashes, present))
+            claims.add(hashes[fresh])

@@ -247,6 +247,11 @@ class PackedIndex(Sequence[ShardEntry]):
         self._entries: OrderedDict[int, ShardEntry] = OrderedDict()
         self._largest: int | None = None
 
+    @property
+    def layout_ids(self) -> np.ndarray:
+        """The layout of each shard (an index into `layouts`)."""
+        return self.array("layout")
+
     def array(self, name: str) -> np.ndarray:
         """A read-only view of one section (int64 numbers or bytes)."""
         offset, size, dtype, shape = self._sections[name]
@@ -374,7 +379,8 @@ def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedInde
             return None
         mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
         start = -(-(_PREFIX.size + head_len) // _ALIGN) * _ALIGN
-        return PackedIndex(path, index, label, open(path, "rb"), mapping, header, start)  # noqa: SIM115 - kept
+        kept = os.fdopen(os.dup(file.fileno()), "rb")  # (the same file as mapped, for pread)
+        return PackedIndex(path, index, label, kept, mapping, header, start)
 
 
 def open_packed(index: Path, label: str, beside: bool = False) -> PackedIndex:

@@ -48,6 +48,7 @@ from tessera.stream.defaults import cache_fitted_block, default_lanes
 from tessera.stream.gather import BatchRefs, gather, gather_to_slot, stack_samples
 from tessera.stream.mosaic_api import MosaicDatasetAPI
 from tessera.stream.open_shards import OpenShards, open_limit
+from tessera.stream.plan_files import PlanFiles
 from tessera.stream.prefetch import NoPrefetch, Prefetcher
 from tessera.stream.registry import build_stream
 from tessera.stream.slots import Layout, SlotRing
@@ -151,7 +152,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
                                   epoch_size=parse_count(epoch_size) if epoch_size is not None else None,
                                   sampling_method=sampling_method,
                                   dataset_fingerprint=":".join(st.fingerprint for st in self.streams))
-        self._run = RunPlan([st.shards() for st in self.streams], self._config)
+        self._run = self._run_plan(self._config)
         write_back_weights(self.streams, self._run.units.choose)  # stream.proportion/repeat/choose, as MosaicML
         check_batching_settings(self.batching_method, [c for c in self._run.units.choose.tolist() if c > 0],
                                 self.global_batch_size(world), self.batch_size)  # before any download
@@ -170,8 +171,14 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._shard_base = _shard_base(self.streams)
-        self._run = RunPlan([st.shards() for st in self.streams], self._config)
+        self._run = self._run_plan(self._config)
         self._batching.forget_plans()
+
+    def _run_plan(self, config: PlanConfig) -> RunPlan:
+        """The run plan of `config`, its epochs' lanes shared by the node's processes (plan_files.py)."""
+        run = RunPlan([st.shards() for st in self.streams], config)
+        run.store = PlanFiles(run.fingerprint)
+        return run
 
     def warm_plan(self) -> None:
         """Build the plan of the epoch the next iteration serves, before DataLoader workers fork: they then
@@ -259,7 +266,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         check_batching(obj, self.batching_method, self.global_batch_size(), self.batch_size)
         config = resumed_config(state, self._config)
         if config is not self._config:  # S depends on the lanes and block size: the saved ones rule
-            self._config, self._run = config, RunPlan([st.shards() for st in self.streams], config)
+            self._config, self._run = config, self._run_plan(config)
         state = checked_state(self._run, state)
         n = self._epoch_samples(state.epoch, self.global_batch_size())
         if state.samples_consumed >= n:  # the epoch was finished: start the next one

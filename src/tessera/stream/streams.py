@@ -107,7 +107,7 @@ class LoadedStream:
     def shards(self) -> StreamShards:
         proportion, repeat, choose = self.weights
         return StreamShards(self.packed.samples, proportion=proportion, repeat=repeat, choose=choose,
-                            granularity=self.granularity)
+                            granularity=self.granularity, sample_base=self.packed.sample_base)
 
     def __getattr__(self, name: str) -> Any:
         """MosaicML's `ds.streams[i]` is the Stream itself: what this object lacks (`remote`, `split`, the

@@ -34,8 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -84,7 +85,7 @@ class PlanConfig:
             raise ValueError(f"unknown shuffle_algo {self.shuffle_algo!r}; use one of "
                              f"{SHUFFLE_ALGOS + tuple(SHUFFLE_ALGO_ALIASES)}")
         if self.sampling_method not in SAMPLING_METHODS:
-            raise ValueError(f"sampling_method must be one of {SAMPLING_METHODS}, got {self.sampling_method!r}")
+            raise ValueError(f"Invalid sampling method: {self.sampling_method!r}; sampling_method is one of {SAMPLING_METHODS}")
 
     @property
     def algo(self) -> str:
@@ -97,18 +98,36 @@ class PlanConfig:
         return max(4_000_000 // self.num_lanes, 1 << 18)
 
 
+class PlanStore(Protocol):
+    """Where built plan arrays are kept, so that other processes of the node map them instead of building
+    their own (the stream layer's files: stream/plan_files.py); without one, each process builds."""
+
+    def get_or_build(self, name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]: ...
+
+
 class RunPlan:
     """Run-fixed part of the plan: weights resolved into units and their lane assignment order."""
 
-    def __init__(self, streams: Sequence[StreamShards], config: PlanConfig):
+    def __init__(self, streams: Sequence[StreamShards], config: PlanConfig, store: PlanStore | None = None):
         self.config = config
         self.streams = tuple(streams)
+        self.store = store
         choose = resolve_choose(self.streams, config.epoch_size, config.seed)
         self.units = UnitTable(self.streams, choose, config.seed, config.sampling_method)
-        count = self.units.num_units
-        self.unit_order = (philox(config.seed, TAG_RUN_UNITS).permutation(count) if config.shuffle
-                           else np.arange(count, dtype=np.int64))
         self.fingerprint = self._fingerprint()
+
+    @property
+    def unit_order(self) -> np.ndarray:
+        """The units in run order (a permutation when shuffled), made when an epoch's lanes are built
+        (int32 below 2**31 units; a process that maps built lanes never makes it)."""
+        order = self.__dict__.get("_unit_order")
+        if order is None:
+            count = self.units.num_units
+            dtype = np.int32 if count < 2**31 else np.int64
+            order = (philox(self.config.seed, TAG_RUN_UNITS).permutation(count).astype(dtype) if self.config.shuffle
+                     else np.arange(count, dtype=dtype))
+            self.__dict__["_unit_order"] = order
+        return order
 
     def _fingerprint(self) -> str:
         h = hashlib.sha256()
@@ -131,9 +150,21 @@ class RunPlan:
         plan = self.__dict__["_last_epoch"] = EpochPlan(self, epoch)
         return plan
 
+    def __getstate__(self) -> dict[str, object]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("_unit_order", "_last_epoch")}
+
 
 class EpochPlan:
-    """One epoch's global sequence S, computed lazily from O(units + lanes) arrays."""
+    """One epoch's global sequence S, computed lazily from O(units + lanes) arrays.
+
+    The pieces of each lane (step 2) are built when a position of the lane is first asked for, from the
+    run order and a table of where lanes cut it (`cuts`: per lane its first unit in run order, that
+    unit's first sample in the run-ordered sequence, and the unit after its last). A lane's pieces are its
+    units in their per-epoch order (`units`), their first positions (`starts`) and the offset into its
+    first unit at which the lane begins (one piece per lane starts inside a unit). A reader therefore holds
+    the lanes it reads (the lanes of its node when nodes divide the lanes: `rank_positions`), and with a
+    `PlanStore` the node's processes map the lanes and the table one of them built.
+    """
 
     def __init__(self, run: RunPlan, epoch: int):
         if int(epoch) != epoch or epoch < 0:
@@ -143,9 +174,7 @@ class EpochPlan:
         self.seed, self.num_lanes, self.shuffle = cfg.seed, cfg.num_lanes, cfg.shuffle
         lanes = self.num_lanes
         self.unit_sizes = units.unit_sizes(self.epoch)
-        order = run.unit_order
-        bounds = np.concatenate([[0], np.cumsum(self.unit_sizes[order])])
-        self.size = int(bounds[-1])
+        self.size = int(self.unit_sizes.sum())
         if self.size < lanes:
             raise ValueError(f"the epoch has {self.size} samples, fewer than num_lanes={lanes}; "
                              "lower num_lanes (num_canonical_nodes)")
@@ -154,29 +183,59 @@ class EpochPlan:
         self.lane_length = -(-self.size // lanes)
         self.padding = lanes * self.lane_length - self.size
         self.block_size = self.lane_length if cfg.algo == "naive" else min(cfg.block_size, self.lane_length)
-        # Step 1: cut the run-ordered units at lane boundaries into pieces (unit, offset, length).
-        cuts = np.insert(bounds, np.searchsorted(bounds, self.lane_start), self.lane_start)
-        starts, lengths = cuts[:-1], np.diff(cuts)
-        starts, lengths = starts[lengths > 0], lengths[lengths > 0]
-        at = np.searchsorted(bounds, starts, side="right") - 1
-        piece_unit, piece_offset = order[at], starts - bounds[at]
         if self.shuffle:
-            # Step 2: reorder the pieces inside each lane with a generator keyed by (seed, epoch, lane).
-            piece_lane = np.searchsorted(self.lane_start, starts, side="right") - 1
-            first = np.searchsorted(piece_lane, np.arange(lanes + 1))
-            perm = np.empty(starts.size, dtype=np.int64)
-            for lane in range(lanes):
-                lo, hi = first[lane], first[lane + 1]
-                perm[lo:hi] = lo + philox(self.seed, TAG_LANE_ORDER, self.epoch, lane).permutation(hi - lo)
-            piece_unit, piece_offset, lengths = piece_unit[perm], piece_offset[perm], lengths[perm]
             self.stagger = (hash_words(derive_key(self.seed, TAG_STAGGER, self.epoch), np.arange(lanes))
                             % np.uint64(self.block_size)).astype(np.int64)
             if cfg.algo == "naive":
                 self.stagger[:] = 0
             self._unit_key = derive_key(self.seed, TAG_UNIT_ORDER, self.epoch)
             self._block_key = derive_key(self.seed, TAG_BLOCK, self.epoch)
-        self.piece_start = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
-        self.piece_unit, self.piece_offset = piece_unit, piece_offset
+        self.cuts = self._stored(f"e{self.epoch}.cuts", lambda: {"cuts": self._cut_table()})["cuts"]
+        self._lanes: dict[int, dict[str, np.ndarray]] = {}
+
+    def _stored(self, name: str, build: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        store = self.run.store
+        return build() if store is None else store.get_or_build(name, build)
+
+    def _cut_table(self) -> np.ndarray:
+        """Step 1: int64 (lanes, 3): each lane's first unit in run order, that unit's first position in
+        the run-ordered sequence, and the first unit starting at or after the lane's end."""
+        order = self.run.unit_order
+        bounds = np.empty(order.size + 1, np.int64)
+        bounds[0] = 0
+        np.cumsum(self.unit_sizes[order], out=bounds[1:])
+        first = np.searchsorted(bounds, self.lane_start[:-1], side="right") - 1
+        return np.stack([first, bounds[first], np.searchsorted(bounds, self.lane_start[1:], side="left")], axis=1)
+
+    def lane(self, lane: int) -> dict[str, np.ndarray]:
+        """Steps 1-2 for one lane: its pieces (see the class docstring), built once."""
+        found = self._lanes.get(lane)
+        if found is None:
+            found = self._lanes[lane] = self._stored(f"e{self.epoch}.lane{lane}", lambda: self._lane_pieces(lane))
+        return found
+
+    def _lane_pieces(self, lane: int) -> dict[str, np.ndarray]:
+        first, base, end = (int(v) for v in self.cuts[lane])
+        lo, hi = int(self.lane_start[lane]), int(self.lane_start[lane + 1])
+        units = self.run.unit_order[first:end]
+        lengths = self.unit_sizes[units]  # (a new array) cut to the lane at both ends
+        lengths[0] = min(base + lengths[0], hi) - lo
+        if lengths.size > 1:
+            lengths[-1] = min(lengths[-1], hi - lo - int(lengths[:-1].sum()))
+        keep = lengths > 0  # (units with no samples this epoch; the first piece is never empty)
+        if not keep.all():
+            units, lengths = units[keep], lengths[keep]
+        at = 0  # where the piece starting inside its unit (at lo - base) is
+        if self.shuffle:  # Step 2: the lane's pieces reordered by a generator keyed by (seed, epoch, lane)
+            perm = philox(self.seed, TAG_LANE_ORDER, self.epoch, lane).permutation(units.size)
+            units, lengths, at = units[perm], lengths[perm], int(np.argmin(perm))
+        else:
+            units = units.copy()
+        starts = np.empty(units.size, np.int64)
+        starts[0] = lo
+        np.cumsum(lengths[:-1], out=starts[1:])
+        starts[1:] += lo
+        return {"units": units, "starts": starts, "offset": np.array([at, lo - base], np.int64)}
 
     def __len__(self) -> int:
         """Length of S: the weighted epoch plus padding."""
@@ -184,11 +243,12 @@ class EpochPlan:
 
     @property
     def nbytes(self) -> int:
-        """Memory held by the plan's arrays (run-fixed and per-epoch)."""
-        arrays = [self.unit_sizes, self.piece_start, self.piece_unit, self.piece_offset, self.lane_start,
-                  self.lane_size, self.run.unit_order]
+        """Memory held by the plan's arrays (run-fixed, per epoch and the lanes built so far)."""
+        arrays = [self.cuts, self.lane_start, self.lane_size, *(a for p in self._lanes.values() for a in p.values())]
         u = self.run.units
-        arrays += [u.shard_sizes, u.shard_base, u.unit_shard, u.unit_partial, u._partial_shard_units]
+        arrays += [a for a in (self.run.__dict__.get("_unit_order"), u.unit_shard, u.unit_partial) if a is not None]
+        if u.unit_shard is not None:
+            arrays += [self.unit_sizes, u.shard_sizes, u.shard_base, u._partial_shard_units]
         return int(sum(a.nbytes for a in arrays))
 
     def _pieces_at(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -202,8 +262,16 @@ class EpochPlan:
         if self.shuffle:
             p = self._block_shuffle(lane, p, real)
         x = self.lane_start[lane] + p
-        i = np.searchsorted(self.piece_start, x, side="right") - 1
-        return self.piece_unit[i], self.piece_offset[i] + (x - self.piece_start[i])
+        units = np.empty(g.shape, np.int64)
+        offsets = np.empty(g.shape, np.int64)
+        for each in np.unique(lane).tolist():
+            mine = lane == each if self.num_lanes > 1 else slice(None)
+            pieces = self.lane(each)
+            i = np.searchsorted(pieces["starts"], x[mine], side="right") - 1
+            at, offset = pieces["offset"]
+            units[mine] = pieces["units"][i]
+            offsets[mine] = x[mine] - pieces["starts"][i] + np.where(i == at, offset, 0)
+        return units, offsets
 
     def _block_shuffle(self, lane: np.ndarray, p: np.ndarray, real: np.ndarray) -> np.ndarray:
         """Step 3: lane positions -> pre-shuffle lane positions, through the keyed block permutations.
@@ -231,13 +299,13 @@ class EpochPlan:
             offsets = feistel_permute(offsets, self.unit_sizes[units], hash_words(self._unit_key, units))
         u = self.run.units
         index = u.sample_in_shard(units, offsets, self.epoch)
-        out = u.shard_base[u.unit_shard[units]] + index
+        out = u.shard_base[u.shard_of(units)] + index
         return out.reshape(np.shape(positions))
 
     def shards_at(self, positions: np.ndarray | Sequence[int]) -> np.ndarray:
         """Shard ids (numbered across streams) of the samples at `positions` of S."""
         units, _ = self._pieces_at(np.asarray(positions, dtype=np.int64).reshape(-1))
-        return self.run.units.unit_shard[units].reshape(np.shape(positions))
+        return self.run.units.shard_of(units).reshape(np.shape(positions))
 
     def sample_at(self, position: int) -> int:
         """Global sample id at one position (O(log units), but ~0.5 ms of numpy overhead: batch calls)."""

@@ -62,6 +62,8 @@ class StreamShards:
     repeat: float | None = None
     choose: int | None = None
     granularity: int = 1
+    sample_base: np.ndarray | None = field(default=None, repr=False)  # first sample id of each shard, then
+    # the total (a packed index's mapped `sample_base`): used as is instead of a new array of sums
     sizes: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -234,22 +236,33 @@ class UnitTable:
     + index in shard. Shards are numbered the same way across streams. Unit u is shard
     ``unit_shard[u]``, taken whole (``unit_partial[u]`` false) or as its share of the stream's random
     remainder subset (true). Units of empty shards are omitted.
+
+    When every shard is one whole unit (no weights, or weights that take each sample once, and no empty
+    shard), unit u is shard u: `unit_shard` and `unit_partial` are then None and nothing per unit is
+    held (a single stream's shard sizes and bases are its packed index's mapped arrays).
     """
 
     def __init__(self, streams: Sequence[StreamShards], choose: np.ndarray, seed: int, sampling_method: str):
         if sampling_method not in SAMPLING_METHODS:
-            raise ValueError(f"sampling_method must be one of {SAMPLING_METHODS}, got {sampling_method!r}")
+            raise ValueError(f"Invalid sampling method: {sampling_method!r}; sampling_method is one of {SAMPLING_METHODS}")
         self.seed = int(seed)
         self.sampling_method = sampling_method
         self.choose = np.asarray(choose, dtype=np.int64)
         self.granularity = [s.granularity for s in streams]
-        self.shard_sizes = np.concatenate([s.sizes for s in streams]).astype(np.int64)
-        self.shard_base = np.concatenate([[0], np.cumsum(self.shard_sizes)[:-1]]).astype(np.int64)
+        one = streams[0] if len(streams) == 1 else None
+        self.shard_sizes = one.sizes if one else np.concatenate([s.sizes for s in streams]).astype(np.int64)
+        self.shard_base = (one.sample_base[:-1] if one and one.sample_base is not None
+                           else np.concatenate([[0], np.cumsum(self.shard_sizes)[:-1]]).astype(np.int64))
         self.stream_shard_start = np.concatenate([[0], np.cumsum([s.sizes.size for s in streams])]).astype(np.int64)
         totals = np.array([s.num_samples for s in streams], dtype=np.int64)
         safe = np.maximum(totals, 1)
         self.stream_full = np.where(totals > 0, self.choose // safe, 0)
         self.stream_remainder = np.where(totals > 0, self.choose % safe, 0)
+        self.unit_shard: np.ndarray | None = None
+        self.unit_partial: np.ndarray | None = None
+        self.num_units = self.shard_sizes.size
+        if (self.stream_full == 1).all() and not self.stream_remainder.any() and self.shard_sizes.min(initial=1) > 0:
+            return
         counts_per_stream = np.diff(self.stream_shard_start)
         shard_full = np.repeat(self.stream_full, counts_per_stream)
         shard_has_partial = np.repeat(self.stream_remainder > 0, counts_per_stream)
@@ -258,25 +271,28 @@ class UnitTable:
         first_unit = np.concatenate([[0], np.cumsum(units_per_shard)[:-1]])
         rep = np.arange(self.unit_shard.size, dtype=np.int64) - np.repeat(first_unit, units_per_shard)
         self.unit_partial = rep == shard_full[self.unit_shard]
+        self.num_units = self.unit_shard.size
         self._partial_shard_units = np.full(self.shard_sizes.size, -1, dtype=np.int64)
         self._partial_shard_units[self.unit_shard[self.unit_partial]] = np.flatnonzero(self.unit_partial)
-
-    @property
-    def num_units(self) -> int:
-        return int(self.unit_shard.size)
 
     @property
     def num_samples(self) -> int:
         """Underlying samples over all streams (the range of global sample ids)."""
         return int(self.shard_sizes.sum())
 
+    def shard_of(self, units: np.ndarray) -> np.ndarray:
+        """The shard of each unit."""
+        return units if self.unit_shard is None else self.unit_shard[units]
+
     def _sampling_epoch(self, epoch: int) -> int:
         # "fixed" keys every draw by a constant in place of the epoch; epochs are >= 0, so no clash.
         return epoch + 1 if self.sampling_method == "balanced" else 0
 
     def unit_sizes(self, epoch: int) -> np.ndarray:
-        """Samples each unit contributes in `epoch` (partial units vary per epoch when balanced)."""
-        sizes = self.shard_sizes[self.unit_shard].copy()
+        """Samples each unit contributes in `epoch` (partial units vary per epoch when balanced; read-only)."""
+        if self.unit_shard is None:
+            return self.shard_sizes
+        sizes = self.shard_sizes[self.unit_shard]
         word = self._sampling_epoch(epoch)
         for s, remainder in enumerate(self.stream_remainder):
             if remainder == 0:
@@ -291,6 +307,8 @@ class UnitTable:
 
     def sample_in_shard(self, units: np.ndarray, offsets: np.ndarray, epoch: int) -> np.ndarray:
         """Index inside its shard of the sample at `offsets` of each unit (offsets already ordered)."""
+        if self.unit_partial is None:
+            return offsets
         out = offsets.copy()
         partial = self.unit_partial[units]
         if partial.any():
