@@ -9,7 +9,7 @@ TORCH_PIN := torch==2.13.0+cpu
 ANCHORS := mosaicml-streaming==0.13.0 litdata==0.2.76
 ANCHOR_NEEDS := zstd python-snappy Brotli xxhash catalogue tqdm boto3 lightning-utilities filelock requests "transformers<5"
 
-.PHONY: setup test demo demo-finetune bench lint docs clean
+.PHONY: setup test demo demo-finetune bench lint docs docs-screenshots clean
 
 # Each step of `make setup` says what it installs and how far it is; pip shows its download bars for the
 # large steps (the environment grows to ~3.3 GB, most of it torch, Ray and Spark). No commas in a STEP's text.
@@ -55,6 +55,10 @@ lint: setup
 # The guides in docs/ and reference pages built from the docstrings, into site/.
 docs: setup
 	$(BIN)/mkdocs build --strict
+
+# docs/console.png from a real server and a real CPU training run, photographed by headless Chromium.
+docs-screenshots: setup
+	$(BIN)/python scripts/docs_screenshots.py
 
 clean:
 	rm -rf $(VENV) demo-out bench-out site

@@ -103,12 +103,7 @@ def metrics(name: str = typer.Argument(..., help="The run's name."),
                                                              "terminal."),
             last: int = typer.Option(20, "--last", min=1, help="Rows of the table (without --plot)."),
             as_json: bool = typer.Option(False, "--json", help="Every row, one JSON object per line.")) -> None:
-    """The metrics a run reported: a table of the last steps, every row as JSON, or curves with --plot.
-
-    Examples:
-      tessera run metrics gpt-125m --plot
-      tessera run metrics gpt-125m --json | jq .lr
-    """
+    """The metrics a run reported: a table of the last steps, every row as JSON, or curves with --plot."""
     from tessera.platform.api.connection import connect
 
     try:
