@@ -1,0 +1,311 @@
+"""Issue 23's control plane at scale: the runs list, a long run's metrics and concurrent submissions through
+the HTTP API of real `tessera server start` replicas on PostgreSQL, with a team's history in the store.
+
+    .venv/bin/python benchmarks/server_scale.py [--runs 10000] [--points 1000000] [--big-points 100000]
+        [--requests 300] [--clients 50] [--per-client 6] [--baseline OLD/src]
+
+1. PostgreSQL from scripts/postgres-up.sh; team red and its user alice (`server admin create-user`).
+2. The history (server_scale_fill.py): `--runs` ended runs of 12 users on 3 clusters over 90 days, each with
+   a resumption and two events, and `--points` metric points: `--big-points` in one run (hist-00000), the
+   rest 1,000 per run; the runs' points interleave in batches of 100, as runs training at once report
+   them. Written with bulk Core inserts straight into the store (one transaction for the runs, one per
+   100,000 points), then VACUUM ANALYZE (what autovacuum does after such a load).
+3. Two replicas (`--db`, one `--artifacts` folder, private homes, every other setting at its default).
+   Through replica A, one client, `--requests` times each, in turn:
+       first      GET /runs?limit=50
+       later      GET /runs?limit=50&cursor=<the cursor after page 20>
+       status     GET /runs?status=FAILED&limit=50
+       user       GET /runs?user=user05&limit=50
+       metrics    GET /runs/hist-00000/metrics?after=0              (its first page)
+       series     every page of hist-00000's metrics, to the end     (the whole 100,000, per series)
+4. `--clients` clients (asyncio, one keep-alive connection each; client k talks to replica k % 2) each
+   submit `--per-client` runs (`true` on the local cluster) one after another, all clients at once: the
+   latency of each POST /runs, then how long until all of them ended.
+
+`--baseline OLD/src`: today's single server instead (an older checkout's src/, `git worktree add OLD
+4c9037a`): one server with PostgreSQL for its accounts, the same history in its team's state.db (SQLite,
+written by that version's StateDB) and the big run's metrics.jsonl; `later` is `offset=1000` (it had no
+cursors) and every client submits to it.
+
+Prints a table, then one JSON line with every figure (the last line of stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from cryptography.fernet import Fernet
+from server_api import server_proc  # the test suite's server driver, loaded once
+from server_replicas_logs import Replica, percentile
+from server_scale_fill import history, points
+from sqlalchemy import insert
+
+from tessera.platform.api.inputs import as_spec
+from tessera.platform.store import models
+from tessera.platform.store.db import shared_engine, writing
+from tessera.platform.store.records import ResumptionRecord, RunRecord, columns
+
+BIG_RUN, PAGE, LATER_PAGE, FILTER_USER = "hist-00000", 50, 20, "user05"
+POINTS_PER_RUN, BATCH, POINTS_PER_TRANSACTION = 1000, 100, 100_000
+TERMINAL = ("COMPLETED", "FAILED", "STOPPED")
+
+
+def fill_store(db: str, runs: int, total_points: int, big_points: int, seed: int = 23) -> float:
+    """The history in this checkout's store (PostgreSQL); seconds it took."""
+    started = time.monotonic()
+    engine = shared_engine(db)
+    template = as_spec({"name": "template", "command": "python train.py"}).model_dump(mode="json")
+    drawn = history(runs, time.time(), seed)
+    rows: dict[Any, list[dict[str, Any]]] = {models.runs: [], models.resumptions: [], models.events: []}
+    for run in drawn:
+        spec = {**template, "name": run["name"], "compute": {**template["compute"], "cluster": run["cluster"]}}
+        folder = f"red/runs/{run['name']}"
+        failed = run["status"] == "FAILED"
+        record = RunRecord(run["id"], run["name"], spec, run["status"], run["cluster"], run["created"], run["ended"],
+                           folder, ended=run["ended"], user=run["user"], first_error="exit status 1" if failed else None)
+        rows[models.runs].append({**columns(record), "team": "red"})
+        rows[models.resumptions].append(columns(ResumptionRecord(
+            run["id"], 0, run["cluster"], "submit", run["status"], folder, run["created"], nodes=["node-0"],
+            start=run["created"] + 5, end=run["ended"], exit_code=1 if failed else 0)))
+        rows[models.events] += [{"run_id": run["id"], "team": "red", "time": t, "kind": kind, "message": f"{kind} {run['name']}"}
+                                for t, kind in ((run["created"], "submitted"), (run["ended"], run["status"].lower()))]
+    with writing(engine) as c:
+        for table, values in rows.items():
+            c.execute(insert(table), values)
+    batch = []
+    for values in interleaved(drawn, total_points, big_points, seed):
+        batch.append(values)
+        if len(batch) == POINTS_PER_TRANSACTION:
+            with writing(engine) as c:
+                c.execute(insert(models.metrics), batch)
+            batch = []
+    if batch:
+        with writing(engine) as c:
+            c.execute(insert(models.metrics), batch)
+    with psycopg.connect(plain(db), autocommit=True) as pg:
+        pg.execute("VACUUM ANALYZE")
+    engine.dispose()
+    return time.monotonic() - started
+
+
+def interleaved(drawn: list[dict[str, Any]], total: int, big: int, seed: int) -> Any:
+    """Metric point rows: `big` of the first run, POINTS_PER_RUN of each next run up to `total`, in batches
+    of BATCH that interleave as if the runs trained at the same time (each run's own in step order)."""
+    rng = random.Random(seed)
+    counts = [big] + [POINTS_PER_RUN] * ((total - big) // POINTS_PER_RUN)
+    batches = []
+    for run, count in zip(drawn, counts, strict=False):
+        series, n = points(count), max(1, count // BATCH)
+        batches += [(k / n + rng.uniform(0, 0.5 / n), run["id"], series[k * BATCH:(k + 1) * BATCH]) for k in range(n)]
+    for _, run_id, chunk in sorted(batches, key=lambda b: b[0]):
+        for step, data in chunk:
+            yield {"run_id": run_id, "step": step, "data": data}
+
+
+def plain(db: str) -> str:
+    return db.replace("postgresql+psycopg://", "postgresql://")
+
+
+def fill_baseline(baseline: Path, team_home: Path, runs: int, big_points: int, env: dict[str, str]) -> float:
+    """The same history in the older server's team home, written by that version (server_scale_fill.py)."""
+    started = time.monotonic()
+    subprocess.run([sys.executable, str(Path(__file__).with_name("server_scale_fill.py")), str(team_home),
+                    str(runs), BIG_RUN, str(big_points), "23"], env={**env, "PYTHONPATH": str(baseline)},
+                   check=True, timeout=1800)
+    return time.monotonic() - started
+
+
+def timed_gets(api: httpx.Client, path: str, count: int) -> list[float]:
+    """Seconds of each of `count` GETs of `path` (after 5 unmeasured), one after another."""
+    out = []
+    for i in range(count + 5):
+        started = time.perf_counter()
+        answer = api.get(path)
+        answer.raise_for_status()
+        if i >= 5:
+            out.append(time.perf_counter() - started)
+    return out
+
+
+def later_page(api: httpx.Client, baseline: bool) -> str:
+    """The path of the list's page LATER_PAGE + 1 (a cursor walked to; the older server had offsets)."""
+    if baseline:
+        return f"runs?limit={PAGE}&offset={PAGE * LATER_PAGE}"
+    cursor = None
+    for _ in range(LATER_PAGE):
+        cursor = api.get("runs", params={"limit": PAGE, **({"cursor": cursor} if cursor else {})}).json()["next_cursor"]
+        if cursor is None:
+            raise SystemExit(f"--runs must be more than {PAGE * LATER_PAGE} for a page {LATER_PAGE + 1}")
+    return f"runs?limit={PAGE}&cursor={cursor}"
+
+
+def metric_series(api: httpx.Client) -> tuple[float, list[float], int]:
+    """(seconds to read every point of the big run, each page's seconds, points read)."""
+    after, pages, got, started = 0, [], 0, time.perf_counter()
+    while True:
+        began = time.perf_counter()
+        answer = api.get(f"runs/{BIG_RUN}/metrics", params={"after": after}).raise_for_status().json()
+        pages.append(time.perf_counter() - began)
+        if not answer["rows"]:
+            return time.perf_counter() - started, pages, got
+        got, after = got + len(answer["rows"]), answer["next"]
+
+
+def reads(url: str, key: str, args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {key}"}, timeout=120) as api:
+        paths = {"first": f"runs?limit={PAGE}", "later": later_page(api, bool(args.baseline)),
+                 "status": f"runs?status=FAILED&limit={PAGE}", "user": f"runs?user={FILTER_USER}&limit={PAGE}",
+                 "metrics": f"runs/{BIG_RUN}/metrics?after=0"}
+        for label, path in paths.items():
+            count = args.metric_requests if label == "metrics" else args.requests
+            out[label] = summary(timed_gets(api, path, count))
+            answer = api.get(path).json()     # the older server listed `runs`, this one `items`
+            out[label]["items"] = len(answer.get("rows", answer.get("items", answer.get("runs", []))))
+        series = [metric_series(api) for _ in range(args.series)]
+        out["series"] = {**summary([s[0] for s in series]), "points": series[0][2],
+                         "pages": len(series[0][1]), "page_p50_ms": ms(statistics.median(p for s in series for p in s[1])),
+                         "page_p99_ms": ms(percentile([p for s in series for p in s[1]], 99))}
+    return out
+
+
+def summary(seconds: list[float]) -> dict[str, Any]:
+    return {"n": len(seconds), "p50_ms": ms(statistics.median(seconds)), "p99_ms": ms(percentile(seconds, 99)),
+            "max_ms": ms(max(seconds))}
+
+
+def ms(seconds: float) -> float:
+    return round(1000 * seconds, 1)
+
+
+async def submit_all(urls: list[str], key: str, clients: int, per_client: int) -> tuple[list[float], list[str]]:
+    """Every client submits its runs one after another, all clients at once; (latencies, errors)."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    gate = asyncio.Event()
+
+    async def client(k: int) -> None:
+        async with httpx.AsyncClient(base_url=urls[k % len(urls)], timeout=120,
+                                     headers={"Authorization": f"Bearer {key}"}) as api:
+            await api.get("health")                # the connection is open before the clock starts
+            await gate.wait()
+            for j in range(per_client):
+                spec = {"name": f"sub-{k:02d}-{j:02d}", "command": "true"}
+                started = time.perf_counter()
+                answer = await api.post("runs", json={"spec": spec, "cluster": "local"})
+                latencies.append(time.perf_counter() - started)
+                if answer.status_code != 201:
+                    errors.append(f"{spec['name']}: {answer.status_code} {answer.text[:200]}")
+
+    tasks = [asyncio.create_task(client(k)) for k in range(clients)]
+    await asyncio.sleep(2.0)
+    gate.set()
+    await asyncio.gather(*tasks)
+    return latencies, errors
+
+
+def submissions(urls: list[str], key: str, args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    latencies, errors = asyncio.run(submit_all(urls, key, args.clients, args.per_client))
+    submitted = time.monotonic() - started
+    total = args.clients * args.per_client
+    with httpx.Client(base_url=urls[-1], headers={"Authorization": f"Bearer {key}"}, timeout=120) as api:
+        deadline = time.monotonic() + 900
+        while True:
+            page = api.get("runs", params={"user": "alice", "limit": 1000}).raise_for_status().json()
+            runs = [r for r in page.get("items", page.get("runs", [])) if r["name"].startswith("sub-")]
+            done = [r for r in runs if r["status"] in TERMINAL]
+            if len(done) >= total - len(errors) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    return {**summary(latencies), "clients": args.clients, "replicas": len(urls), "submitted": total,
+            "errors": len(errors), "first_error": errors[0] if errors else None, "submit_s": round(submitted, 2),
+            "all_ended_s": round(time.monotonic() - started, 2),
+            "completed": sum(r["status"] == "COMPLETED" for r in done), "ended": len(done)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10_000)
+    parser.add_argument("--points", type=int, default=1_000_000)
+    parser.add_argument("--big-points", type=int, default=100_000)
+    parser.add_argument("--requests", type=int, default=300, help="GETs per list query")
+    parser.add_argument("--metric-requests", type=int, default=50, help="GETs of the metrics' first page")
+    parser.add_argument("--series", type=int, default=5, help="reads of the big run's whole metrics")
+    parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument("--per-client", type=int, default=6)
+    parser.add_argument("--baseline", type=Path, default=None, help="the src/ of an older checkout (single server)")
+    args = parser.parse_args()
+    proc = server_proc()
+    folder = Path(tempfile.mkdtemp(prefix="tessera-scale-"))
+    postgres = proc.start_postgres()
+    env = {**proc.server_env(folder), "TESSERA_SECRET_KEY": Fernet.generate_key().decode()}
+    env.pop("TESSERA_SUPERVISOR_POLL", None)                      # the servers' own cadence
+    if args.baseline:
+        args.baseline = args.baseline.resolve()
+        env["PYTHONPATH"] = str(args.baseline)
+    replicas: list[Replica] = []
+    load = [os.getloadavg()[0]]
+    try:
+        key = subprocess.run([*proc.SERVER_CLI, "admin", "create-user", "alice", "--team", "red", "--db", postgres.url,
+                              "--home", str(folder / "home-a")], capture_output=True, text=True, env=env, timeout=120,
+                             check=True).stdout.strip()
+        filled = (fill_baseline(args.baseline, folder / "home-a" / "teams" / "red", args.runs, args.big_points, env)
+                  if args.baseline else fill_store(postgres.url, args.runs, args.points, args.big_points))
+        serve = ["--db", postgres.url, "--log-level", "warning",
+                 *([] if args.baseline else ["--artifacts", str(folder / "artifacts")])]
+        replicas = [Replica(n, folder, serve, env) for n in ("a" if args.baseline else "ab")]
+        for replica in replicas:
+            replica.wait_up()
+        load.append(os.getloadavg()[0])
+        figures = reads(replicas[0].url, key, args)
+        figures["submit"] = submissions([r.url for r in replicas], key, args)
+        load.append(os.getloadavg()[0])
+    finally:
+        for replica in replicas:
+            replica.stop()
+        if args.baseline:
+            subprocess.run([sys.executable, "-c", "import sys; from tessera.platform.supervision.supervisor import "
+                            "stop_supervisor; stop_supervisor(sys.argv[1])", str(folder / "home-a" / "teams" / "red")],
+                           env=env, timeout=60)
+        postgres.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+    report(args, filled, figures, load)
+
+
+def report(args: argparse.Namespace, filled: float, figures: dict[str, Any], load: list[float]) -> None:
+    code = f"single server of {args.baseline}" if args.baseline else "this checkout, 2 replicas"
+    print(f"{code}: {args.runs:,} runs, {args.points if not args.baseline else args.big_points:,} metric points "
+          f"(filled in {filled:.0f} s), load average {' / '.join(f'{x:.1f}' for x in load)}")
+    header = f"{'query':<9} | {'n':>5} | {'items':>6} | {'p50 ms':>8} | {'p99 ms':>8} | {'max ms':>8}"
+    print(header)
+    print("-" * len(header))
+    for label in ("first", "later", "status", "user", "metrics", "series"):
+        row = figures[label]
+        print(f"{label:<9} | {row['n']:>5} | {row.get('items', row.get('points', '')):>6} | {row['p50_ms']:>8} | "
+              f"{row['p99_ms']:>8} | {row['max_ms']:>8}")
+    series, sub = figures["series"], figures["submit"]
+    print(f"metrics series: {series['pages']} pages, page p50 {series['page_p50_ms']} ms, p99 {series['page_p99_ms']} ms")
+    print(f"submit: {sub['submitted']} runs by {sub['clients']} clients over {sub['replicas']} replica(s): p50 "
+          f"{sub['p50_ms']} ms, p99 {sub['p99_ms']} ms, max {sub['max_ms']} ms, {sub['errors']} errors; all accepted "
+          f"in {sub['submit_s']} s, {sub['ended']} ended ({sub['completed']} completed) after {sub['all_ended_s']} s")
+    print(json.dumps({"benchmark": "server_scale", "code": code, "runs": args.runs, "points": args.points,
+                      "big_points": args.big_points, "fill_s": round(filled, 1), "loadavg": load, **figures}))
+
+
+if __name__ == "__main__":
+    main()
