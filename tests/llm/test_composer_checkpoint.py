@@ -242,7 +242,7 @@ def test_a_composer_checkpoint_in_a_bucket(run, s3_bucket, tmp_path, monkeypatch
     ({"attn_config": {"alibi": True, "qk_ln": True}}, "attn_config.qk_ln"),
     ({"attn_config": {"alibi": True, "clip_qkv": 6}}, "attn_config.clip_qkv=6"),
     ({"attn_config": {"alibi": True, "attn_type": "grouped_query_attention", "kv_n_heads": 2}}, "kv_n_heads=2"),
-    ({"ffn_config": {"ffn_type": "mptglu"}}, "ffn_config.ffn_type='mptglu'"),
+    ({"ffn_config": {"ffn_type": "mptglu"}}, "ffn_config.ffn_type=mptglu"),
     ({"logit_scale": "inv_sqrt_d_model"}, "logit_scale=inv_sqrt_d_model"),
     ({"expansion_ratio": 2.5}, "FFN hidden size of 80"),
     ({"model_type": "llama"}, "model_type 'llama' is not MPT"),

@@ -26,7 +26,9 @@ from typer.testing import CliRunner
 
 from tessera.cli.main import app
 from tessera.llm.foundry import FoundryError, FoundryWarning, is_foundry
+from tessera.llm.foundry.mpt import mpt_model
 from tessera.llm.foundry.resolve import resolved
+from tessera.llm.hf.mpt import MptUnsupported, gpt_config_from_mpt
 from tessera.llm.recipe import load_recipe
 
 runner = CliRunner()
@@ -480,6 +482,50 @@ def test_recipe_convert_writes_what_train_runs(made, tmp_path: Path) -> None:
 
 
 # --- refusals: exit 2, one line naming the key -----------------------------------------------------------
+
+
+MPT_SMALL = {"d_model": 32, "n_heads": 4, "n_layers": 1, "vocab_size": 50, "max_seq_len": 16}
+BASELINE = {"init_config": {"name": "baseline_"}}  # Tessera's init: no warning
+
+
+@pytest.mark.parametrize("change, mapped", [
+    ({}, {"attn": "learned", "no_bias": False, "expansion_ratio": 4, "dropout": 0.0}),  # MPTConfig's defaults
+    ({"ffn_config": {"ffn_hidden_size": 96}}, {"expansion_ratio": 3}),  # Foundry ignores expansion_ratio then
+    ({"attn_config": {"attn_type": "grouped_query_attention", "kv_n_heads": 4, "softmax_scale": 8 ** -0.5}},
+     {"n_heads": 4}),
+    ({"attn_config": {"rope": True, "rope_dail_config": {"type": "original"}}, "learned_pos_emb": True},
+     {"attn": "rope", "rope_theta": 10000.0}),
+    ({"attn_config": {"alibi": True, "rope": True}}, "attn_config.rope"),
+    ({"attn_config": {"attn_temperature_tuning": {"attn_scale": 0.5}}}, "attn_config.attn_temperature_tuning"),
+    ({"attn_config": {"attn_type": "multiquery_attention"}}, "attn_config.attn_type=multiquery_attention"),
+    ({"attn_config": {"attn_type": "grouped_query_attention"}}, "attn_config.attn_type=grouped_query_attention"),
+    ({"attn_config": {"nope": True}}, "attn_config.nope=True"),
+    ({"emb_pdrop": 0.1}, "emb_pdrop"),
+    ({"norm_type": "triton_layernorm"}, "norm_type=triton_layernorm"),
+    ({"ffn_config": {"ffn_type": "mptmlp", "moe_top_k": 2}}, "ffn_config.moe_top_k"),
+])
+def test_a_foundry_model_section_maps_as_the_same_mpt_config_json(change, mapped) -> None:
+    """hf/mpt.py owns the MPT mapping: a YAML's model section and a checkpoint's config map (or are refused,
+    naming the same key) alike; absent keys are MPTConfig's defaults, not GPTConfig's."""
+    config = {**MPT_SMALL, **change}
+    if isinstance(mapped, str):
+        with pytest.raises(FoundryError) as foundry:
+            mpt_model({"name": "mpt_causal_lm", "attn_config": {"attn_impl": "torch"}, **config}, None)
+        with pytest.raises(MptUnsupported) as checkpoint:
+            gpt_config_from_mpt(config, "ckpt.pt")
+        assert str(foundry.value).startswith(f"model.{mapped}") and "\n" not in str(foundry.value)
+        assert str(checkpoint.value).startswith(f"ckpt.pt: {mapped}")
+        return
+    recipe = mpt_model({"name": "mpt_causal_lm", **BASELINE, **config, "attn_config": {"attn_impl": "torch",
+                                                                           **config.get("attn_config", {})}}, None)
+    checkpoint = gpt_config_from_mpt(config, "ckpt.pt").to_dict()
+    assert recipe == {key: checkpoint[key] for key in recipe} and recipe.items() >= mapped.items()
+
+
+def test_an_mpt_model_section_without_sizes_is_mpt_s_default_shape() -> None:
+    recipe = mpt_model({"name": "mpt_causal_lm", **BASELINE, "attn_config": {"attn_impl": "torch"}}, None)
+    assert [recipe[k] for k in ("d_model", "n_heads", "n_layers", "vocab_size", "max_seq_len")] == \
+        [2048, 16, 24, 50368, 2048]  # MPTConfig's, not GPTConfig's 256 x 4 x 4
 
 
 def test_refusals_name_the_key(made, tmp_path: Path) -> None:
