@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import multiprocessing
+import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +16,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.shards import index_bulk
+from tessera.shards import index_bulk, packed_index
 from tessera.shards.errors import IndexFormatError
 from tessera.shards.index import DatasetIndex, check_basename, shard_key
 from tessera.shards.index_bulk import scan
@@ -227,5 +229,25 @@ def test_racing_first_openers_agree_and_leave_one_whole_file(tmp_path: Path) -> 
         counts = pool.map(_open_count, [str(path)] * 8)
     assert counts == [3000] * 8
     packed = packed_location(path, beside=False)
-    assert sorted(p.name for p in packed.parent.iterdir()) == [packed.name, packed.name + ".lock"]  # no temp left
+    assert sorted(p.name for p in packed.parent.iterdir()) == [packed.name, packed.name + ".lock", "source"]  # no temp
     _same_as_loader(path)
+
+
+def test_packed_indexes_of_local_datasets_under_the_temp_dir_are_bounded(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(packed_index, "KEEP_PACKED", 2)
+    paths = [_write(tmp_path / f"d{i}", _entries(MDS, 5)) for i in range(4)]
+    folder = [packed_location(path, beside=False).parent for path in paths]
+    for path in paths[:2]:
+        open_packed(path, "x")
+    os.utime(folder[0], (1e9, 1e9))
+    os.utime(folder[1], (1e9 + 1, 1e9 + 1))
+    assert len(open_packed(paths[0], "x")) == 5  # used again: the most recent
+    open_packed(paths[2], "x")  # a third: the least recently used (d1) goes
+    assert sorted(f.name for f in folder[0].parent.iterdir()) == sorted([folder[0].name, folder[2].name])
+    paths[0].unlink()  # d0's index.json is gone: its packed form goes at the next packing, however recent
+    open_packed(paths[3], "x")
+    assert sorted(f.name for f in folder[0].parent.iterdir()) == sorted([folder[2].name, folder[3].name])
+    assert len(open_packed(paths[1], "x")) == 5  # (a removed one is packed again when next used)

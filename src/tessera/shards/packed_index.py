@@ -4,7 +4,8 @@ A dataset of 500k shards has an index.json of ~190 MB; parsing it into Python ob
 seconds and ~1.5 GB. What readers need is a few numbers per shard, so the first process on a node packs
 the index into one binary file beside the cache (`index.packed` in the cache's state folder:
 storage/state_folder.py; for a local dataset, whose folder is never written to, under the node's temp
-dir: `packed_location`):
+dir: `packed_location`, where those of the `KEEP_PACKED` local datasets used last are kept, and none
+whose index.json is gone):
 
     prefix: magic, header length, file length, xxh3_64 of everything after the prefix
     header: JSON (format, the index's size, stat and xxh64, shard count, layouts, top-level keys, sections)
@@ -13,7 +14,8 @@ dir: `packed_location`):
 
 A *layout* is what entries share (format, columns, compression, hash names, size limit: everything but the
 per-shard values); an entry is rebuilt from its layout's entry and its values only when asked for
-(`PackedIndex[i]`), so nothing per shard lives in Python objects. Strings of equal length (digests, most
+(`PackedIndex[i]`, its values read with pread: the mapping's pages hold only what is read in bulk), so
+nothing per shard lives in Python objects. Strings of equal length (digests, most
 basenames) are a fixed-width block; others are one blob and int64 offsets.
 
 The packed file is written to a temporary name and renamed into place, under an exclusive flock so
@@ -53,10 +55,13 @@ from tessera.storage.array_file import file_digest
 from tessera.storage.local import temp_path_for
 from tessera.storage.locks import flocked
 from tessera.storage.state_folder import state_folder
+from tessera.storage.temp_folders import node_root, prune, touch
 
 MAGIC = b"TSPACK01"
 FORMAT = 2  # 2: the first shard of each layout in the header; entries read with pread
 PACKED_NAME = "index.packed"
+SOURCE_NAME = "source"  # beside a packed index under the temp dir: the path of its index.json
+KEEP_PACKED = 32  # packed indexes of local datasets kept under the temp dir (the most recently used)
 _PREFIX = struct.Struct("<8sQQQ")  # magic, header length, file length, xxh3_64 of bytes after the prefix
 _ALIGN = 64
 _READ = 1 << 20
@@ -354,7 +359,15 @@ def packed_location(index: Path, beside: bool) -> Path:
             if os.access(local.parent, os.W_OK):
                 return local
     digest = hashlib.sha1(str(index.resolve()).encode()).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / "tessera-packed" / digest / PACKED_NAME
+    return node_root("packed") / digest / PACKED_NAME
+
+
+def _index_gone(folder: Path) -> bool:
+    """Whether the index.json a temp-dir folder of a packed index was made for no longer exists."""
+    try:
+        return not Path((folder / SOURCE_NAME).read_text()).exists()
+    except OSError:
+        return False  # (being made: its source is written first thing; else the recency rule decides)
 
 
 def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedIndex | None:
@@ -390,6 +403,9 @@ def open_packed(index: Path, label: str, beside: bool = False) -> PackedIndex:
     FileNotFoundError if `index` does not exist; IndexFormatError (naming `label`) if it is invalid.
     """
     dest = packed_location(index, beside)
+    in_temp = dest.parent.parent == node_root("packed")
+    if in_temp:
+        touch(dest.parent)  # (in use: kept by `prune`)
     found = _load(dest, os.stat(index), index, label)
     if found is not None:
         return found
@@ -397,6 +413,9 @@ def open_packed(index: Path, label: str, beside: bool = False) -> PackedIndex:
     with flocked(dest.with_name(dest.name + ".lock"), fcntl.LOCK_EX):
         found = _load(dest, os.stat(index), index, label)  # packed by another process meanwhile
         if found is None:
+            if in_temp:  # the temp dir holds the packed indexes of the last KEEP_PACKED local datasets used
+                (dest.parent / SOURCE_NAME).write_text(str(index.resolve()))
+                prune(dest.parent.parent, KEEP_PACKED, stale=_index_gone, spare=dest.parent)
             pack(index, dest, label)
             found = _load(dest, os.stat(index), index, label)
     if found is None:

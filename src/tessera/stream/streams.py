@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,13 +21,12 @@ from tessera.shards.index import INDEX_BASENAME, ShardEntry
 from tessera.shards.packed_index import PackedIndex, open_packed
 from tessera.shards.reader import ShardReader
 from tessera.shards.text_reader import open_shard_reader
-from tessera.storage import NotFound, RetryPolicy, StorageError, Store, open_store
-from tessera.storage.local import LocalStore, write_atomic
+from tessera.storage import RetryPolicy, Store, open_store
 from tessera.storage.url import parse_url
 from tessera.stream.batching.mixing import StreamShards, resolved_weights
 from tessera.stream.cache import ShardCache
 from tessera.stream.config import StreamConfig
-from tessera.stream.forksafe import call_outside_runtime
+from tessera.stream.index_fetch import fetch_index
 from tessera.stream.integrity import check_hash_recorded
 
 
@@ -182,56 +180,6 @@ def check_unsafe_columns(streams: list[LoadedStream], columns: list[str] | None,
                 if enc == "pkl" and (columns is None or name in columns):
                     raise ValueError(f"{st.label}: column {name!r} is pkl (unpickling runs code from the "
                                      "data); pass allow_unsafe_types=True if you trust it")
-
-
-def read_index(remote: Store) -> bytes:
-    """index.json from `remote`, fetched so that DataLoader workers can still fork() afterwards.
-
-    An object store is read from a fork()ed helper while obstore's runtime has not started in this
-    process (see forksafe.py); local folders, and processes that already run it, read directly.
-    """
-    if isinstance(remote, LocalStore):
-        return remote.get(INDEX_BASENAME)
-    return call_outside_runtime(lambda: remote.get(INDEX_BASENAME))
-
-
-def fetch_index(remote: Store, local_root: Path, label: str) -> None:
-    """index.json fresh from the remote, cached in `local_root`. When the remote has none or cannot be
-    read, an index.json cached by an earlier start is used, with a warning (MosaicML always uses a
-    cached one); cached shards are used only where they match its entries, as always (cache.py). The
-    default cache folder is named by the remote's absolute location (`default_local`), so it only ever
-    holds what that remote served. A cached copy with the same bytes is left as it is, so its packed
-    form (keyed by the file's stat) stays valid."""
-    cached = local_root / INDEX_BASENAME
-    try:
-        raw = read_index(remote)
-    except StorageError as err:
-        if not cached.is_file():
-            if isinstance(err, NotFound):
-                raise DatasetNotFound(f"{label}: no index.json; is the remote URL right, and was the dataset "
-                                      "written completely?") from None
-            raise
-        warnings.warn(f"{label}: {type(err).__name__}: {err}; using the index.json cached at {cached}",
-                      stacklevel=4)
-        return
-    if not _same_bytes(cached, raw):
-        write_atomic(cached, raw)
-
-
-def _same_bytes(path: Path, data: bytes) -> bool:
-    """Whether the file at `path` holds exactly `data` (read in chunks)."""
-    try:
-        if path.stat().st_size != len(data):
-            return False
-        with open(path, "rb") as file:
-            view, at = memoryview(data), 0
-            while chunk := file.read(1 << 20):
-                if chunk != view[at:at + len(chunk)]:
-                    return False
-                at += len(chunk)
-        return at == len(data)
-    except OSError:
-        return False
 
 
 def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, validate_hash: str | None,

@@ -1,0 +1,51 @@
+"""A remote stream's index.json is downloaded once per node (stream/index_fetch.py): by the first of the
+node's processes while the others wait and then use it; a later start with an unchanged remote downloads
+nothing, a rewritten one is downloaded again (its cached copy kept when the bytes are the same)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from tessera.shards import ShardWriter
+from tessera.stream import StreamingDataset, index_fetch
+
+
+def _write(remote: Path, n: int) -> None:
+    with ShardWriter(remote, {"id": "int"}, size_limit=400, mode="overwrite") as writer:
+        for i in range(n):
+            writer.write({"id": i})
+
+
+def _samples(remote_and_cache: tuple[str, str]) -> int:
+    remote, cache = remote_and_cache
+    return StreamingDataset(remote=remote, local=cache, batch_size=4).num_samples
+
+
+def test_index_json_is_downloaded_once_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    remote, cache, log = tmp_path / "remote", tmp_path / "cache", tmp_path / "downloads"
+    _write(remote, 100)
+    download = index_fetch.download_from
+
+    def counted(*args: object, **kwargs: object) -> int:  # (in every fork()ed process: one line each)
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()}\n")
+        return download(*args, **kwargs)
+
+    monkeypatch.setattr(index_fetch, "download_from", counted)
+    with multiprocessing.get_context("fork").Pool(4) as pool:  # four ranks of a node starting together
+        assert pool.map(_samples, [(str(remote), str(cache))] * 4) == [100] * 4
+    assert len(log.read_text().splitlines()) == 1
+    assert _samples((str(remote), str(cache))) == 100  # a later start, the remote unchanged: no download
+    assert len(log.read_text().splitlines()) == 1
+    cached = cache / "index.json"
+    inode = cached.stat().st_ino
+    os.utime(remote / "index.json", (1e9, 1e9))  # rewritten with the same bytes: fetched, the copy kept
+    assert _samples((str(remote), str(cache))) == 100
+    assert len(log.read_text().splitlines()) == 2 and cached.stat().st_ino == inode
+    _write(remote, 130)  # a new dataset in its place
+    assert _samples((str(remote), str(cache))) == 130
+    assert len(log.read_text().splitlines()) == 3
