@@ -182,17 +182,25 @@ def update(name: str,
            priority: str = typer.Option(None, help="low | normal | high."),
            max_duration: str = typer.Option(None, "--max-duration",
                                             help="Total running time over all resumptions (e.g. 12h, 1h30m)."),
-           max_retries: int = typer.Option(None, "--max-retries", help="Retries after failures.")) -> None:
+           max_retries: int = typer.Option(None, "--max-retries", help="Retries after failures."),
+           preemptible: bool = typer.Option(None, "--preemptible/--no-preemptible",
+                                            help="May be stopped for other work (from its next submission)."),
+           retry_on_system_failure: bool = typer.Option(
+               None, "--retry-on-system-failure/--no-retry-on-system-failure",
+               help="Retry node faults and preemptions without counting them.")) -> None:
     """Change a run's scheduling; the supervisor applies it to the running resumption too."""
-    if priority is None and max_duration is None and max_retries is None:
-        fail("nothing to update: give --priority, --max-duration or --max-retries", code=2)
+    if all(v is None for v in (priority, max_duration, max_retries, preemptible, retry_on_system_failure)):
+        fail("nothing to update: give --priority, --max-duration, --max-retries, --[no-]preemptible or "
+             "--[no-]retry-on-system-failure", code=2)
     try:
-        run = _platform().update_run(name, priority=priority, max_duration=max_duration, max_retries=max_retries)
+        run = _platform().update_run(name, priority=priority, max_duration=max_duration, max_retries=max_retries,
+                                     preemptible=preemptible, retry_on_system_failure=retry_on_system_failure)
     except PlatformError as exc:
         fail(exc)
     sched = run.spec.scheduling
     err.print(f"run {run.name}: priority={sched.priority}, max_duration={format_duration(sched.max_duration)}, "
-              f"max_retries={sched.max_retries}")
+              f"max_retries={sched.max_retries}, preemptible={sched.preemptible}, "
+              f"retry_on_system_failure={sched.retry_on_system_failure}")
 
 
 def clone_name(name: str) -> str:

@@ -201,9 +201,11 @@ class RemotePlatform:
         self._http.call("delete_run", names=_checked_name(name, "run"))
 
     def update_run(self, name: str, *, priority: str | None = None, max_duration: float | str | None = None,
-                   max_retries: int | None = None) -> Run:
+                   max_retries: int | None = None, preemptible: bool | None = None,
+                   retry_on_system_failure: bool | None = None) -> Run:
         body = {k: v for k, v in (("priority", priority), ("max_duration", max_duration),
-                                  ("max_retries", max_retries)) if v is not None}
+                                  ("max_retries", max_retries), ("preemptible", preemptible),
+                                  ("retry_on_system_failure", retry_on_system_failure)) if v is not None}
         return self._run("update_run", name, body)
 
     def clone_run(self, name: str, new_name: str, *, cluster: str | None = None, gpus: int | None = None) -> Run:

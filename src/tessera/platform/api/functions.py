@@ -70,8 +70,10 @@ def delete_run(name: str, *, home: str | Path | None = None) -> None:
 
 
 def update_run(name: str, *, priority: str | None = None, max_duration: float | str | None = None,
-               max_retries: int | None = None, home: str | Path | None = None) -> Run:
-    return _platform(home).update_run(name, priority=priority, max_duration=max_duration, max_retries=max_retries)
+               max_retries: int | None = None, preemptible: bool | None = None,
+               retry_on_system_failure: bool | None = None, home: str | Path | None = None) -> Run:
+    return _platform(home).update_run(name, priority=priority, max_duration=max_duration, max_retries=max_retries,
+                                      preemptible=preemptible, retry_on_system_failure=retry_on_system_failure)
 
 
 def clone_run(name: str, new_name: str, *, cluster: str | None = None, gpus: int | None = None,

@@ -69,6 +69,10 @@ class UpdateRun(_Body):
     priority: Literal["low", "normal", "high"] | None = None
     max_duration: float | str | None = Field(None, description="Seconds, or a duration such as '12h'.")
     max_retries: int | None = Field(None, ge=0, le=MAX_RETRIES)
+    preemptible: bool | None = Field(None, description="May be stopped for other work; applies from the run's "
+                                                       "next submission.")
+    retry_on_system_failure: bool | None = Field(None, description="Retry node faults and preemptions without "
+                                                                   "counting them against max_retries.")
 
     @field_validator("max_duration")
     @classmethod
@@ -175,6 +179,8 @@ class RunDetail(BaseModel):
     spec: RunSpec
     resumptions: list[Resumption]
     events: list[Event]
+    deleted: float | None = Field(None, description="When the run was deleted through MCLI's API (which keeps "
+                                                    "the record); null for every run this API shows.")
 
 
 class EventPage(BaseModel):

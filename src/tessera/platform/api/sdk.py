@@ -168,14 +168,15 @@ class Platform:
             self._supervise()
         return self.get_run(record.id)
 
-    def _record(self, name: str) -> RunRecord:
-        record = self.db.get_run(name)
+    def _record(self, name: str, include_deleted: bool = False) -> RunRecord:
+        record = self.db.get_run(name, include_deleted=include_deleted)
         if record is None:
             raise RunNotFound(f"no run named {name!r} (see `tessera run list`)")
         return record
 
-    def get_run(self, name: str) -> Run:
-        r = self._record(name)
+    def get_run(self, name: str, *, include_deleted: bool = False) -> Run:
+        """The run of that name or id; a run deleted through MCLI's API (`soft`) only with `include_deleted`."""
+        r = self._record(name, include_deleted)
         return Run.from_record(r, self.db.resumptions(r.id), self.db.events(r.id))
 
     def list_runs(self, status: str | Iterable[str] | None = None, cluster: str | None = None,
@@ -203,16 +204,19 @@ class Platform:
 
     def run_page(self, status: str | Iterable[str] | None = None, cluster: str | None = None, *,
                  user: str | None = None, q: str | None = None, cursor: str | None = None,
-                 limit: int = PAGE) -> RunPage:
+                 limit: int = PAGE, include_deleted: bool = False) -> RunPage:
         """A page of run summaries, newest first, and the cursor of the next (None after the last): what
-        the API's runs list and the console show. Runs submitted meanwhile never shift a page."""
+        the API's runs list and the console show. Runs submitted meanwhile never shift a page. Deleted
+        runs (`soft`) come only with `include_deleted` (MCLI's API)."""
         statuses = run_statuses(status)
-        records, next_cursor = self.db.page_runs(statuses, cluster, user=user, q=q, cursor=cursor, limit=limit)
+        records, next_cursor = self.db.page_runs(statuses, cluster, user=user, q=q, cursor=cursor, limit=limit,
+                                                 include_deleted=include_deleted)
         ids = [r.id for r in records]
         resumptions, events = self.db.resumptions_of(ids), self.db.events_of(ids)
         items = [Run.from_record(r, resumptions[r.id], events[r.id]).summary() for r in records]
         return RunPage.model_validate({"items": items, "next_cursor": next_cursor,
-                                       "total": self.db.count_runs(statuses, cluster, user=user, q=q)})
+                                       "total": self.db.count_runs(statuses, cluster, user=user, q=q,
+                                                                   include_deleted=include_deleted)})
 
     def wait_for_run_status(self, name: str, status: str | Iterable[str], timeout: float | None = None,
                             poll: float = 0.25) -> Run:
@@ -281,9 +285,11 @@ class Platform:
             return self._request(name, "move", cluster)
         return self._request(name, "restart")
 
-    def delete_run(self, name: str) -> None:
+    def delete_run(self, name: str, *, soft: bool = False) -> None:
         """Forget a run: stop it first if it is active (RunStateError if it does not stop within its
-        stop_grace and a margin), then remove its record, resumptions, events and folder."""
+        stop_grace and a margin), then remove its record, resumptions, events and folder. `soft` (MCLI's
+        deleteRuns): the files go all the same, the record stays, marked deleted: found only with
+        `include_deleted`, its name free for a new run."""
         record = self._record(name)
         if record.status not in TERMINAL:
             self.stop_run(name)
@@ -296,7 +302,8 @@ class Platform:
         folder = Path(record.folder)
         ours = folder.parent == self.home / "runs"   # never remove a folder outside this home's runs
         trash = folder.with_name(f".deleted-{record.id}")
-        if not self.db.delete_run(record.id, unpublish=(lambda: move_away(folder, trash)) if ours else None):
+        if not self.db.delete_run(record.id, unpublish=(lambda: move_away(folder, trash)) if ours else None,
+                                  soft=soft):
             raise RunNotFound(f"no run named {name!r}: it was deleted meanwhile")
         self.artifacts.delete_run(record.id)
         if ours:
@@ -305,15 +312,19 @@ class Platform:
             raise PlatformError(f"run {name} was deleted, but its folder {trash} could not be removed")
 
     def update_run(self, name: str, *, priority: str | None = None, max_duration: float | str | None = None,
-                   max_retries: int | None = None) -> Run:
+                   max_retries: int | None = None, preemptible: bool | None = None,
+                   retry_on_system_failure: bool | None = None) -> Run:
         """Change a run's scheduling (bounds as at submit). The supervisor reads the stored spec on every
-        pass, so a lowered max_retries or max_duration applies to the current resumption too."""
+        pass, so a lowered max_retries or max_duration applies to the current resumption too, and
+        retry_on_system_failure to the next failure; preemptible applies from the run's next submission
+        (a Slurm job's QOS is chosen when it is submitted)."""
         record = self._record(name)
         changes: list[str] = []
 
         def edit(stored: dict[str, Any]) -> dict[str, Any] | None:   # on the spec as stored when applied
             spec, made = updated_scheduling(RunSpec.model_validate(stored), priority=priority,
-                                            max_duration=max_duration, max_retries=max_retries)
+                                            max_duration=max_duration, max_retries=max_retries,
+                                            preemptible=preemptible, retry_on_system_failure=retry_on_system_failure)
             changes.extend(made)
             return spec.model_dump(mode="json") if made else None
 
@@ -357,10 +368,10 @@ class Platform:
         yield from logs.follow(self.artifacts, lambda: self.get_run(name), self.secrets.redactor(), rank,
                                resumption, follow, poll)
 
-    def describe_run(self, name: str) -> dict[str, Any]:
+    def describe_run(self, name: str, *, include_deleted: bool = False) -> dict[str, Any]:
         """Everything `run describe` shows; passes through the redactor as a last guard."""
         redact = self.secrets.redactor()
-        run = self.get_run(name)
+        run = self.get_run(name, include_deleted=include_deleted)
         described = run.to_dict()
         lease = lease_of(self.db.engine, run.id)
         described["supervisor"] = {"replica": lease[0], "lease_expires": lease[1]} if lease else None

@@ -65,13 +65,14 @@ class Run:
     resumptions: list[Resumption] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     user: str | None = None
+    deleted: float | None = None     # when it was deleted (MCLI's deleteRuns keeps the record); None: it is not
 
     @classmethod
     def from_record(cls, r: RunRecord, resumptions: list[ResumptionRecord], events: list[EventRecord]) -> Run:
         return cls(r.id, r.name, r.status, r.cluster, RunSpec.model_validate(r.spec), r.created, r.updated,
                    r.ended, r.folder, r.first_error, r.failure_kind, r.retries_used, r.request,
                    [Resumption.from_record(x) for x in resumptions], [Event.from_record(e) for e in events],
-                   r.user)
+                   r.user, r.deleted)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Run:
@@ -101,7 +102,7 @@ class Run:
                 "retries_used": self.retries_used, "request": self.request,
                 "spec": self.spec.model_dump(mode="json"),
                 "resumptions": [asdict(r) for r in self.resumptions],
-                "events": [asdict(e) for e in self.events]}
+                "events": [asdict(e) for e in self.events], "deleted": self.deleted}
 
 
 def _build(cls: type[Any], d: dict[str, Any]) -> Any:

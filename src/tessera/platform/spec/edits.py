@@ -14,15 +14,21 @@ from tessera.platform.spec.run_spec import RunSpec, Scheduling, format_duration,
 
 
 def updated_scheduling(spec: RunSpec, *, priority: str | None = None, max_duration: Any = None,
-                       max_retries: int | None = None) -> tuple[RunSpec, list[str]]:
+                       max_retries: int | None = None, preemptible: bool | None = None,
+                       retry_on_system_failure: bool | None = None) -> tuple[RunSpec, list[str]]:
     """(the spec with the given scheduling values, "key: old -> new" for each value that changed).
     None leaves a value as it is; a refused value raises one SpecError line naming the key."""
     changes = {k: v for k, v in (("priority", priority), ("max_duration", max_duration),
-                                 ("max_retries", max_retries)) if v is not None}
+                                 ("max_retries", max_retries), ("preemptible", preemptible),
+                                 ("retry_on_system_failure", retry_on_system_failure)) if v is not None}
     if not changes:
-        raise SpecError("nothing to update: give priority, max_duration or max_retries")
+        raise SpecError("nothing to update: give priority, max_duration, max_retries, preemptible or "
+                        "retry_on_system_failure")
     if "max_retries" in changes and isinstance(changes["max_retries"], bool):
         raise SpecError(f"run {spec.name}: scheduling.max_retries: {changes['max_retries']!r} is not a number")
+    for key in ("preemptible", "retry_on_system_failure"):
+        if key in changes and not isinstance(changes[key], bool):
+            raise SpecError(f"run {spec.name}: scheduling.{key}: {changes[key]!r} is not true or false")
     try:
         scheduling = Scheduling.model_validate({**spec.scheduling.model_dump(), **changes})
     except ValidationError as exc:

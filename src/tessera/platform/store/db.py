@@ -129,6 +129,34 @@ def _current(engine: Engine) -> str | None:
         return None
 
 
+@contextmanager
+def _without_foreign_keys(engine: Engine) -> Iterator[Connection]:
+    """A write connection (not yet begun) for the migrations. On SQLite its foreign keys are off: a
+    migration that changes a constraint rebuilds the table (SQLite's only way), and dropping the old
+    table with foreign keys on would delete every row that references it (ON DELETE CASCADE). The
+    pragma cannot change inside a transaction, so it is set before BEGIN and restored after."""
+    with engine.connect() as connection:
+        connection.execution_options(write=True)
+        if connection.dialect.name != "sqlite":
+            yield connection
+            return
+        driver = connection.connection.driver_connection
+        assert driver is not None
+        driver.execute("PRAGMA foreign_keys = OFF")
+        try:
+            yield connection
+        finally:
+            driver.execute("PRAGMA foreign_keys = ON")
+
+
+def _check_foreign_keys(connection: Connection) -> None:
+    """What the migrations did with foreign keys off still holds (SQLite; before COMMIT)."""
+    if connection.dialect.name == "sqlite":
+        broken = connection.exec_driver_sql("PRAGMA foreign_key_check").all()
+        if broken:
+            raise RuntimeError(f"the store's migration left rows whose foreign keys fail: {broken[:5]}")
+
+
 def migrate(db_url: str | Engine) -> None:
     """Bring the schema to the newest migration (creates every table on a fresh database), once per engine
     in a process. Needs no alembic.ini: the script folder is found next to this file, so it works from
@@ -141,11 +169,12 @@ def migrate(db_url: str | Engine) -> None:
     if _current(engine) != target:
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
-        with writing(engine) as connection:
+        with _without_foreign_keys(engine) as connection, connection.begin():
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(2323)"))   # released at commit
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
+            _check_foreign_keys(connection)
     if isinstance(db_url, Engine):
         _migrated.add(engine)
     else:

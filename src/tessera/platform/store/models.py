@@ -25,12 +25,13 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 NAME = 255     # column width of names (see the module's docstring)
 RUN_ID = 32
+LIVE = text("deleted IS NULL")   # a run not (soft-)deleted
 
 
 class Base(DeclarativeBase):
@@ -115,7 +116,9 @@ runs = Table(
     Column("next_cause", Text),
     Column("user", String(NAME)),
     Column("metrics_next", Integer, nullable=False, default=0),   # where ingesting its metrics goes on
-    UniqueConstraint("team", "name", name="uq_runs_team_name"),
+    Column("deleted", Float),   # when MCLI's deleteRuns deleted it (soft: the row stays, listed on request)
+    # a name is unique among the team's runs that are not deleted, so a deleted run's name can be used again
+    Index("uq_runs_team_name", "team", "name", unique=True, sqlite_where=LIVE, postgresql_where=LIVE),
     # a page of the runs list reads an index in order instead of sorting every run of the team
     Index("ix_runs_team_created", "team", "created", "id"),
     Index("ix_runs_team_status_created", "team", "status", "created", "id"),

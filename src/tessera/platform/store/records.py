@@ -53,6 +53,7 @@ class RunRecord:
     next_cause: str | None = None
     user: str | None = None          # who submitted it (the OS user locally, the API user on a server)
     metrics_next: int = 0            # the position in its shipped metrics the store has ingested up to
+    deleted: float | None = None     # when it was deleted, if it was (a soft delete: MCLI's deleteRuns)
 
 
 @dataclass

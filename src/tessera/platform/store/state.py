@@ -168,9 +168,14 @@ class StateDB:
                 raise
             raise RunExists(f"a run named {run.name!r} exists; choose another name") from None
 
-    def get_run(self, name_or_id: str) -> RunRecord | None:
-        query = (select(runs).where(runs.c.team == self.team, (runs.c.name == name_or_id) | (runs.c.id == name_or_id))
-                 .order_by((runs.c.name == name_or_id).desc()).limit(1))
+    def get_run(self, name_or_id: str, *, include_deleted: bool = False) -> RunRecord | None:
+        """The run of that name (else id) that is not deleted; with `include_deleted`, a deleted one too
+        (the one not deleted first, then the newest: deleted runs may share a name)."""
+        query = select(runs).where(runs.c.team == self.team, (runs.c.name == name_or_id) | (runs.c.id == name_or_id))
+        if not include_deleted:
+            query = query.where(runs.c.deleted.is_(None))
+        query = query.order_by((runs.c.name == name_or_id).desc(), runs.c.deleted.is_(None).desc(),
+                               runs.c.created.desc()).limit(1)
         rows = self.fetch(query)
         return from_row(RunRecord, rows[0]) if rows else None
 
@@ -183,9 +188,12 @@ class StateDB:
         return sorted(found, key=lambda r: (r.created, r.id))
 
     def _filter(self, query: Any, statuses: tuple[str, ...] | None, cluster: str | None, user: str | None,
-                q: str | None) -> Any:
-        """The team's runs filtered as `list_runs`, `page_runs` and `count_runs` filter them."""
+                q: str | None, include_deleted: bool) -> Any:
+        """The team's runs filtered as `list_runs`, `page_runs` and `count_runs` filter them: deleted runs
+        only with `include_deleted`."""
         query = query.where(runs.c.team == self.team)
+        if not include_deleted:
+            query = query.where(runs.c.deleted.is_(None))
         if statuses:
             query = query.where(runs.c.status.in_(statuses))
         if cluster:
@@ -199,8 +207,8 @@ class StateDB:
     def list_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None,
                   limit: int | None = None, *, user: str | None = None, offset: int = 0,
                   q: str | None = None) -> list[RunRecord]:
-        """Runs newest first; `q` keeps the names containing it."""
-        query = self._filter(select(runs), statuses, cluster, user, q).order_by(runs.c.created.desc(), runs.c.id.desc())
+        """Runs newest first (not deleted); `q` keeps the names containing it."""
+        query = self._filter(select(runs), statuses, cluster, user, q, False).order_by(runs.c.created.desc(), runs.c.id.desc())
         if limit:
             query = query.limit(int(limit))
         if offset:
@@ -209,10 +217,10 @@ class StateDB:
 
     def page_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
                   user: str | None = None, q: str | None = None, cursor: str | None = None,
-                  limit: int = 50) -> Page[RunRecord]:
+                  limit: int = 50, include_deleted: bool = False) -> Page[RunRecord]:
         """(a page of runs newest first, filtered as `list_runs`; the cursor of the next page or None).
         The cursor is the last run's (created, id): a page never shifts when runs are submitted meanwhile."""
-        query = self._filter(select(runs), statuses, cluster, user, q)
+        query = self._filter(select(runs), statuses, cluster, user, q, include_deleted)
         if cursor:
             created, run_id = decode_cursor(cursor, (float, str))
             query = query.where((runs.c.created < created) | ((runs.c.created == created) & (runs.c.id < run_id)))
@@ -223,15 +231,20 @@ class StateDB:
         return records, encode_cursor(records[-1].created, records[-1].id) if more else None
 
     def count_runs(self, statuses: tuple[str, ...] | None = None, cluster: str | None = None, *,
-                   user: str | None = None, q: str | None = None) -> int:
-        rows = self.fetch(self._filter(select(func.count().label("n")).select_from(runs), statuses, cluster, user, q))
+                   user: str | None = None, q: str | None = None, include_deleted: bool = False) -> int:
+        query = select(func.count().label("n")).select_from(runs)
+        rows = self.fetch(self._filter(query, statuses, cluster, user, q, include_deleted))
         return int(rows[0]["n"])
 
-    def delete_run(self, run_id: str, *, unpublish: Callable[[], None] | None = None) -> bool:
-        """Forget a run; its resumptions, events, metrics and lease go with it (ON DELETE CASCADE).
-        `unpublish` (moving the run's folder out of the way) runs inside the transaction: once the name is
-        free again, a new run of that name may write its folder, which a late removal must not reach."""
-        return self._delete(delete(runs).where(runs.c.team == self.team, runs.c.id == run_id), unpublish)
+    def delete_run(self, run_id: str, *, unpublish: Callable[[], None] | None = None, soft: bool = False) -> bool:
+        """Forget a run; its resumptions, events, metrics and lease go with it (ON DELETE CASCADE). `soft`:
+        its row stays, marked deleted (listed only on request); its name is free either way (the unique
+        name is over runs not deleted). `unpublish` (moving the run's folder out of the way) runs inside
+        the transaction: once the name is free again, a new run of that name may write its folder, which
+        a late removal must not reach. False if the run is not there (or already deleted)."""
+        where = (runs.c.team == self.team, runs.c.id == run_id, runs.c.deleted.is_(None))
+        statement = update(runs).where(*where).values(deleted=time.time()) if soft else delete(runs).where(*where)
+        return self._delete(statement, unpublish)
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         fields.setdefault("updated", time.time())

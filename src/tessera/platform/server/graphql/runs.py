@@ -2,8 +2,10 @@
 REST API's routes make them (server/routers/runs.py): `createRun`, `getRunsPaginated`/`getRuns`,
 `stopRuns`, `deleteRuns`, `updateRun`, `startRuns` (MCLI's restart).
 
-`deleteRuns` deletes as Tessera does (the run's record, events and folder are gone); the runs it returns
-say `isDeleted: true`, and `includeDeleted` has nothing more to show.
+`deleteRuns` is MosaicML's soft delete (Platform.delete_run(soft=True)): the run's files (folder, logs)
+go as with `tessera run delete`, its record stays, marked deleted: `includeDeleted` lists it with
+`isDeleted: true`, every other list and lookup (here, REST, console, CLI, SDK) leaves it out, and its
+name may be given to a new run.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ async def get_runs_paginated(info: Ctx, get_runs_paginated_data: GetRunsPaginate
     data = get_runs_paginated_data
 
     def work(platform: Platform, who: Principal) -> types.RunsPage:
-        found, cursor = select_runs(platform, Selection.of(data.filters, data.entity, who.user), data.limit,
-                                    data.cursor)
+        found, cursor = select_runs(platform, Selection.of(data.filters, data.entity, who.user, data.include_deleted),
+                                    data.limit, data.cursor)
         return types.RunsPage(cursor=cursor, has_next_page=cursor is not None, runs=[run_view(d) for d in found])
 
     return await with_platform(info, work)
@@ -49,7 +51,8 @@ async def get_runs(info: Ctx, get_runs_data: GetRunsInput) -> list[types.Run]:
     data = get_runs_data
 
     def work(platform: Platform, who: Principal) -> list[types.Run]:
-        return [run_view(d) for d in select_runs(platform, Selection.of(data.filters, data.entity, who.user))[0]]
+        selection = Selection.of(data.filters, data.entity, who.user, data.include_deleted)
+        return [run_view(d) for d in select_runs(platform, selection)[0]]
 
     return await with_platform(info, work)
 
@@ -70,16 +73,15 @@ async def create_run(info: Ctx, create_run_data: CreateRunInput) -> list[types.R
 
 
 def _each(platform: Platform, who: Principal, state: ServerState, data: GetRunsInput, verb: str, action: str,
-          apply: Callable[[str], object], *, detail: str = "", active_only: bool = False,
-          deleted: bool = False) -> list[types.Run]:
+          apply: Callable[[str], object], *, detail: str = "", active_only: bool = False) -> list[types.Run]:
     """`apply(name)` to each run the operation names, inside its audit entry; the runs as they are after
-    (a deleted one as it was). `active_only`: a finished run is left as it is."""
+    (a deleted one too, found by its id). `active_only`: a finished run is left as it is."""
     out = []
     for run in named(platform, data.filters, verb):
         if not (active_only and run["status"] in TERMINAL):
             with state.audit.change(who, action, run["name"], detail):
                 apply(run["name"])
-        out.append(run_view(run, deleted=True) if deleted else run_view(platform.describe_run(run["name"])))
+        out.append(run_view(platform.describe_run(run["id"], include_deleted=True)))
     return out
 
 
@@ -99,35 +101,31 @@ async def start_runs(info: Ctx, get_runs_data: GetRunsInput) -> list[types.Run]:
 
 
 async def delete_runs(info: Ctx, get_runs_data: GetRunsInput) -> list[types.Run]:
-    """Each named run deleted (stopped first if active), returned as it was with `isDeleted: true`."""
+    """Each named run deleted (stopped first if active; soft: see the module), returned with `isDeleted: true`."""
     state = info.context.state
     return await with_platform(info, lambda platform, who: _each(
-        platform, who, state, get_runs_data, "deleteRuns", "delete", platform.delete_run, deleted=True))
+        platform, who, state, get_runs_data, "deleteRuns", "delete", lambda name: platform.delete_run(name, soft=True)))
 
 
-def _changes(run: dict[str, Any], data: UpdateRunInput) -> dict[str, Any]:
-    """Platform.update_run's arguments; preemptible and retryOnSystemFailure are fixed at submission in
-    Tessera, so asking to change them is refused (asking for the value they have is not)."""
-    scheduling = run["spec"]["scheduling"]
-    for key, value in (("preemptible", data.preemptible), ("retry_on_system_failure", data.retry_on_system_failure)):
-        if value is not None and value != scheduling[key]:
-            raise ValueError(f"updateRun: {key} cannot be changed after submission in Tessera (run {run['name']} "
-                             f"has {scheduling[key]}); clone the run with the new value instead")
+def _changes(data: UpdateRunInput) -> dict[str, Any]:
+    """Platform.update_run's arguments (MCLI's names and units to Tessera's)."""
     changes = {"priority": None if data.priority is None else priority_from_mcli(data.priority),
-               "max_retries": data.max_retries,
+               "max_retries": data.max_retries, "preemptible": data.preemptible,
+               "retry_on_system_failure": data.retry_on_system_failure,
                "max_duration": None if data.max_duration_seconds is None else float(data.max_duration_seconds)}
     return {k: v for k, v in changes.items() if v is not None}
 
 
 async def update_run(info: Ctx, get_runs_data: GetRunsInput, update_run_data: UpdateRunInput) -> list[types.Run]:
-    """`mcli update run NAME --priority/--max-retries/--max-duration` (Platform.update_run)."""
+    """`mcli update run NAME --priority/--max-retries/--max-duration/--[no-]preemptible`, and the SDK's
+    `retry_on_system_failure` (Platform.update_run)."""
     state = info.context.state
 
     def work(platform: Platform, who: Principal) -> list[types.Run]:
         runs = named(platform, get_runs_data.filters, "updateRun")
         if len(runs) != 1:
             raise ValueError(f"updateRun changes one run; filters.name.in names {len(runs)}")
-        name, changes = runs[0]["name"], _changes(runs[0], update_run_data)
+        name, changes = runs[0]["name"], _changes(update_run_data)
         if changes:
             with state.audit.change(who, "update", name, ", ".join(f"{k}={v}" for k, v in changes.items())):
                 platform.update_run(name, **changes)

@@ -4,7 +4,9 @@ applied to the team's runs, a page at a time.
 The filters the Platform's run list takes (statuses, one cluster, one user) are given to it, so the
 database does that work; the rest is checked on each run's description. Pages follow the Platform's own
 cursor: each page asked for is no larger than what is still needed, so the cursor handed back is exactly
-the Platform's after the last run returned, and paging on never repeats or skips a run.
+the Platform's after the last run returned, and paging on never repeats or skips a run. Runs deleted
+through this API are left out unless `includeDeleted` (they are then described by id: a deleted run may
+share its name with a newer one).
 """
 
 from __future__ import annotations
@@ -59,9 +61,11 @@ class Selection:
     created: tuple[float | None, float | None] = (None, None)
     ended: tuple[float | None, float | None] = (None, None)
     users: list[str] | None = None
+    deleted: bool = False                      # includeDeleted
 
     @classmethod
-    def of(cls, filters: RunFilters | None, entity: EntityInput | None, caller: str) -> Selection:
+    def of(cls, filters: RunFilters | None, entity: EntityInput | None, caller: str,
+           include_deleted: bool | None = None) -> Selection:
         """As MosaicML's API reads them: a list is the caller's own runs, unless the entity names users
         (`emails`: `mcli get runs --user`) or the organization (`--all-users`: the caller's team); runs
         asked for by name are found whoever submitted them (names are unique in a team)."""
@@ -78,7 +82,8 @@ class Selection:
                    clusters=_values(f.cluster_name), gpu_types=[g.lower() for g in _values(f.gpu_type) or []] or None,
                    gpu_nums=None if f.gpu_num is None or f.gpu_num.in_ is None else list(f.gpu_num.in_),
                    training=run_types is None or "TRAINING" in {r.upper() for r in run_types},
-                   created=_window(f.created_at, "createdAt"), ended=_window(f.ended_at, "endedAt"), users=users)
+                   created=_window(f.created_at, "createdAt"), ended=_window(f.ended_at, "endedAt"), users=users,
+                   deleted=bool(include_deleted))
 
     @property
     def empty(self) -> bool:
@@ -95,11 +100,27 @@ class Selection:
                 and _inside(run["created"], self.created) and _inside(run["ended"], self.ended))
 
 
-def _describe(platform: Platform, name: str) -> dict[str, Any] | None:
+def _describe(platform: Platform, name: str, include_deleted: bool = False) -> dict[str, Any] | None:
     try:
-        return platform.describe_run(name)
+        return platform.describe_run(name, include_deleted=include_deleted)
     except RunNotFound:    # deleted since it was listed
         return None
+
+
+def _by_name(platform: Platform, name: str, include_deleted: bool) -> list[dict[str, Any]]:
+    """The run of that name; with `include_deleted`, the deleted runs of that name too (the name is a
+    substring search of the Platform's list, kept to the runs named exactly so)."""
+    if not include_deleted:
+        found = _describe(platform, name)
+        return [found] if found else []
+    out: list[dict[str, Any]] = []
+    cursor: str | None = None
+    while True:
+        page = platform.run_page(q=name, cursor=cursor, limit=MAX_PAGE, include_deleted=True)
+        out += [d for d in (_describe(platform, item.id, True) for item in page.items if item.name == name) if d]
+        cursor = page.next_cursor
+        if cursor is None:
+            return out
 
 
 def select_runs(platform: Platform, sel: Selection, limit: int | None = DEFAULT_LIMIT,
@@ -109,14 +130,16 @@ def select_runs(platform: Platform, sel: Selection, limit: int | None = DEFAULT_
     if sel.empty:
         return [], None
     if sel.names is not None:     # by name: each looked up, no paging
-        found = [d for d in (_describe(platform, n) for n in dict.fromkeys(sel.names)) if d and sel.matches(d)]
+        found = [d for n in dict.fromkeys(sel.names) for d in _by_name(platform, n, sel.deleted) if sel.matches(d)]
         return sorted(found, key=lambda d: d["created"], reverse=True)[:limit], None
     cluster = sel.clusters[0] if sel.clusters is not None and len(sel.clusters) == 1 else None
     user = sel.users[0] if sel.users is not None and len(sel.users) == 1 else None
     out: list[dict[str, Any]] = []
     while True:
-        page = platform.run_page(sel.statuses, cluster, user=user, cursor=cursor, limit=limit - len(out))
-        out += [d for d in (_describe(platform, item.name) for item in page.items) if d and sel.matches(d)]
+        page = platform.run_page(sel.statuses, cluster, user=user, cursor=cursor, limit=limit - len(out),
+                                 include_deleted=sel.deleted)
+        described = (_describe(platform, item.id if sel.deleted else item.name, sel.deleted) for item in page.items)
+        out += [d for d in described if d and sel.matches(d)]
         cursor = page.next_cursor
         if cursor is None or len(out) >= limit:
             return out, cursor

@@ -73,8 +73,9 @@ def _event_index(t: float, executions: list[dict[str, Any]]) -> int:
     return index
 
 
-def run_view(run: dict[str, Any], *, deleted: bool = False) -> types.Run:
-    """The run as MCLI's `Run` (every field its queries select, details included)."""
+def run_view(run: dict[str, Any]) -> types.Run:
+    """The run as MCLI's `Run` (every field its queries select, details included); `isDeleted` for a run
+    deleted through this API (its record is kept)."""
     spec = RunSpec.model_validate(run["spec"])
     gpus, cpus, gpu_type, nodes = _shape(spec)
     executions = _executions(run)
@@ -104,5 +105,5 @@ def run_view(run: dict[str, Any], *, deleted: bool = False) -> types.Run:
         updated_at=iso(run["updated"]) or "", reason=run["first_error"], created_by_email=run["user"] or "",
         priority=mcli_priority(spec.scheduling.priority), max_retries=spec.scheduling.max_retries,
         preemptible=spec.scheduling.preemptible, retry_on_system_failure=spec.scheduling.retry_on_system_failure,
-        max_duration_seconds=None if duration is None else int(duration), is_deleted=deleted, run_type="TRAINING",
+        max_duration_seconds=None if duration is None else int(duration), is_deleted=run.get("deleted") is not None, run_type="TRAINING",
         resumptions=resumptions, details=details)
