@@ -97,6 +97,7 @@ def child_tessera(root: Path, real: int, workers: int) -> dict[str, Any]:
         want = np.stack([linked.expected_row(int(s), int(r), real) for s, r in zip(shard, row, strict=True)])
         ok += bool(np.array_equal(batch["tokens"].numpy(), want))
     out["correct_batches"] = ok
+    out["peak_after_100_mb"] = _rss_mb()
     return out
 
 
@@ -118,7 +119,8 @@ def child_mosaic(root: Path) -> dict[str, Any]:
 def run_child(kind: str, root: Path, real: int, workers: int = 0, timeout: float = 1800) -> dict[str, Any]:
     cmd = [sys.executable, __file__, "--child", kind, str(root), str(real), str(workers)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1] / "src"),
-                                                        os.environ.get("PYTHONPATH", "")])}
+                                                        os.environ.get("PYTHONPATH", "")]),
+           "TMPDIR": str(_node_tmp(root))}  # the packed index and the shared plan: this dataset's own
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
@@ -128,9 +130,12 @@ def run_child(kind: str, root: Path, real: int, workers: int = 0, timeout: float
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(shards: int, anchor_max: int, anchor_timeout: float) -> dict[str, Any]:
-    from tessera.shards.packed_index import packed_location
+def _node_tmp(root: Path) -> Path:
+    """The children's temp dir (TMPDIR): emptied before the cold run, so that it packs and plans."""
+    return root.with_name(root.name + "-tmp")
 
+
+def measure(shards: int, anchor_max: int, anchor_timeout: float) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="index-scale-", dir="/tmp"))
     try:
         t = time.perf_counter()
@@ -138,20 +143,21 @@ def measure(shards: int, anchor_max: int, anchor_timeout: float) -> dict[str, An
         row: dict[str, Any] = {"shards": shards, "samples": shards * SAMPLES, "generate_s": time.perf_counter() - t,
                                "index_mb": (root / "index.json").stat().st_size / 1e6}
         row["json_load"] = run_child("json", root, real)
-        packed = packed_location(root / "index.json", beside=False)
-        packed.unlink(missing_ok=True)
+        shutil.rmtree(_node_tmp(root), ignore_errors=True)
+        _node_tmp(root).mkdir()
         row["tessera_cold"] = run_child("tessera", root, real)
         row["tessera_warm"] = run_child("tessera", root, real)
-        row["packed_mb"] = packed.stat().st_size / 1e6
+        row["packed_mb"] = sum(p.stat().st_size for p in _node_tmp(root).glob("tessera-packed/*/index.packed")) / 1e6
+        row["plan_mb"] = sum(p.stat().st_size for p in _node_tmp(root).glob("tessera-plans/*/*")) / 1e6
         for w in (2, 4):
             row[f"tessera_{w}_workers"] = run_child("tessera", root, real, w)
         row["mosaic"] = (run_child("mosaic", root, real, timeout=anchor_timeout) if shards <= anchor_max
                          else {"skipped": f"above --anchor-max {anchor_max} shards"})
         row["litdata"] = {"skipped": "LitData reads only its own index format, not MDS"}
-        shutil.rmtree(packed.parent, ignore_errors=True)
         return row
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(_node_tmp(root), ignore_errors=True)
 
 
 def _fmt(r: dict[str, Any], key: str) -> str:
@@ -159,9 +165,10 @@ def _fmt(r: dict[str, Any], key: str) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| shards | index MB | json.load s | Tessera cold: construct + 1st batch s (peak MB) | warm s (peak MB) "
-             "| 2 / 4 workers USS MB (PSS) | 100 batches | packed MB | MosaicML construct + 1st batch s (peak MB) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| shards | index MB | json.load s | Tessera cold: construct + 1st batch s (peak MB) | cold / json.load "
+             "| warm s (peak MB) | 2 / 4 workers USS MB (PSS) | 100 batches (peak MB) | packed + plan MB "
+             "| MosaicML construct + 1st batch s (peak MB) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         cold, warm, m = r["tessera_cold"], r["tessera_warm"], r["mosaic"]
         w2, w4 = r["tessera_2_workers"], r["tessera_4_workers"]
@@ -169,9 +176,12 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['shards']:,} | {r['index_mb']:.0f} | {r['json_load']['seconds']:.2f} "
             f"| {cold['construct']:.2f} + {cold['first_batch']:.2f} ({cold['peak_mb']:.0f}) "
+            f"| {(cold['construct'] + cold['first_batch']) / r['json_load']['seconds']:.2f} "
             f"| {warm['construct'] + warm['first_batch']:.2f} ({warm['peak_mb']:.0f}) "
             f"| {w2['workers_uss_mb']:.0f} ({w2['workers_pss_mb']:.0f}) / {w4['workers_uss_mb']:.0f} "
-            f"({w4['workers_pss_mb']:.0f}) | {cold['correct_batches']}/{BATCHES} | {r['packed_mb']:.0f} | {mosaic} |")
+            f"({w4['workers_pss_mb']:.0f}) | {cold['correct_batches']}/{BATCHES} ({cold['peak_after_100_mb']:.0f}) "
+            f"| {r['packed_mb']:.0f} + "
+            f"{r['plan_mb']:.0f} | {mosaic} |")
     return "\n".join(lines)
 
 
