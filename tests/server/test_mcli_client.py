@@ -10,7 +10,7 @@ build it again.
 
 One server for the module (conftest.py's `server`: users alice, team red, and bob, team blue). The CLI
 steps are one user's session in order: clusters, run, list, describe, logs (whole, --tail, --follow), a
-running run shown RUNNING, stopped, deleted. The SDK flow and the websocket subprotocols run as scripts
+running run shown RUNNING, made preemptible, stopped, deleted (soft: listed with --include-deleted). The SDK flow and the websocket subprotocols run as scripts
 in the client's environment. Every process is bounded by a timeout.
 """
 
@@ -114,9 +114,9 @@ def output_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line and not line.startswith("tessera:")]
 
 
-def write_run(work: Path, name: str, command: str) -> Path:
+def write_run(work: Path, name: str, command: str, extra: str = "") -> Path:
     path = work / f"{name}.yaml"
-    path.write_text(f"name: {name}\nimage: python:3.11\ncompute:\n  cluster: cpu\n  gpus: 0\n"
+    path.write_text(f"name: {name}\nimage: python:3.11\ncompute:\n  cluster: cpu\n  gpus: 0\n{extra}"
                     f"command: |\n" + "".join(f"  {line}\n" for line in command.splitlines()))
     return path
 
@@ -130,17 +130,19 @@ def test_cli_session(server, client) -> None:
     _, _, work = client
     ticks = "sleep 2\nfor i in 1 2 3; do echo tick $i; sleep 0.5; done"
     hello = write_run(work, "hello", 'echo "hello from mcli"\necho second line')
+    # without retries on system failure, MCLI's table names a deleted run "NAME (Deleted)" (else "NAME 🐕")
+    long = write_run(work, "long", "echo long-started\nsleep 120", "scheduling:\n  retry_on_system_failure: false\n")
     clusters, *_ = mcli_at_once(client, ["get", "clusters"], ["run", "-f", str(hello)],
-                                ["run", "-f", str(write_run(work, "long", "echo long-started\nsleep 120"))],
+                                ["run", "-f", str(long)],
                                 ["run", "-f", str(write_run(work, "ticks", ticks))])
     assert [line.split()[0] for line in clusters.splitlines() if line.split()[:1] in (["cpu"], ["local"])] == \
         ["cpu", "local"]
     server.wait_done("alice", "hello")
     wait_status(server, "long", "RUNNING")
 
-    listing, described, logs, tail, followed = mcli_at_once(
+    listing, described, logs, tail, followed, _ = mcli_at_once(
         client, ["get", "runs"], ["describe", "run", "hello"], ["logs", "hello"], ["logs", "hello", "--tail", "1"],
-        ["logs", "ticks", "--follow"])
+        ["logs", "ticks", "--follow"], ["update", "run", "long", "--preemptible"])
     assert row(listing, "hello").split()[:5] == ["hello", "cpu", "1", "cpu", "Completed"]
     assert row(listing, "long").split()[:5] == ["long", "cpu", "1", "cpu", "Running"]
     assert "Run Name               hello" in described and "Status                 Completed" in described
@@ -148,14 +150,20 @@ def test_cli_session(server, client) -> None:
     assert output_lines(logs) == ["hello from mcli", "second line"]
     assert output_lines(tail) == ["second line"]
     assert output_lines(followed) == ["tick 1", "tick 2", "tick 3"]
+    with server.client("alice") as api:
+        running = api.get("runs/long").raise_for_status().json()
+    assert running["spec"]["scheduling"]["preemptible"] is True and running["status"] == "RUNNING"
+    assert running["events"][-1]["message"] == "scheduling updated: preemptible: False -> True"
 
     mcli(client, "stop", "run", "long", answer="y\n")
     wait_status(server, "long", "STOPPED")
     mcli(client, "delete", "run", "long", answer="y\n")
     with server.client("alice") as api:
         assert api.get("runs/long").status_code == 404
-    names = [line.split()[0] for line in mcli(client, "get", "runs").splitlines()[1:] if line.strip()]
+    listing, with_deleted = mcli_at_once(client, ["get", "runs"], ["get", "runs", "--include-deleted"])
+    names = [line.split()[0] for line in listing.splitlines()[1:] if line.strip()]
     assert "long" not in names and {"hello", "ticks"} <= set(names)
+    assert row(with_deleted, "long").split()[:6] == ["long", "(Deleted)", "cpu", "1", "cpu", "Stopped"]
 
 
 def test_sdk_flow(server, client) -> None:
@@ -167,10 +175,12 @@ def test_sdk_flow(server, client) -> None:
     assert got["created"] == {"name": "sdk-run", "status_known": True, "cluster": "cpu"}
     assert got["waited"] == "COMPLETED"
     assert output_lines(got["logs"]) == ["sdk says hi", "and bye"]
-    assert got["updated"] == {"priority": "LOW", "max_retries": 2}
+    assert got["updated"] == {"priority": "LOW", "max_retries": 2, "preemptible": True,
+                              "retry_on_system_failure": False}
     assert ["sdk-run", "COMPLETED"] in got["completed_on_cpu"]
     assert {status for _, status in got["completed_on_cpu"]} == {"COMPLETED"}
     assert got["stopped"] == "STOPPED" and got["deleted"] is True and got["after_delete"] == []
+    assert got["with_deleted"] == [["sdk-long", True]]
     assert got["secret_made"] == {"name": "sdk-token", "type": "environment", "key": "SDK_TOKEN"}
     assert got["secrets_after_delete"] == []
     with server.client("alice") as api:
@@ -252,6 +262,55 @@ def test_errors_codes_paging_and_teams(server, client) -> None:
     assert someone["data"]["getRunsPaginated"]["runs"] == []
     team = graphql(server, RUNS, {"d": {"entity": {"organizationIds": ["red"]}, "limit": 100}}, alice)
     assert [r["name"] for r in team["data"]["getRunsPaginated"]["runs"]] == listed
+
+
+GET_RUNS = ("query G($d: GetRunsInput!) { getRuns(getRunsData: $d) { id name isDeleted preemptible "
+            "retryOnSystemFailure } }")
+DELETE = "mutation D($d: GetRunsInput!) { deleteRuns(getRunsData: $d) { id name isDeleted } }"
+UPDATE = ("mutation U($g: GetRunsInput!, $u: UpdateRunInput!) { updateRun(getRunsData: $g, updateRunData: $u) "
+          "{ name preemptible retryOnSystemFailure } }")
+
+
+def test_deleted_runs_free_their_name_and_show_on_request(server, client) -> None:
+    """deleteRuns keeps the record: includeDeleted shows it (isDeleted), REST and the default lists do
+    not, and its name can be submitted again (twice: two deleted runs share it). The new update fields
+    through REST (PATCH) and GraphQL (updateRun)."""
+    alice, by_name = server.keys["alice"], {"filters": {"name": {"in": ["again"]}}}
+    ids: list[str] = []
+    with server.client("alice") as api:
+        def submit() -> None:
+            made = api.post("runs", json={"spec": {"name": "again", "command": "true", "compute": {"cluster": "cpu"}}})
+            assert made.status_code == 201, made.text
+            ids.append(made.json()["id"])
+
+        for _ in range(2):
+            submit()
+            server.wait_done("alice", "again")
+            gone = graphql(server, DELETE, {"d": by_name}, alice)["data"]["deleteRuns"]
+            assert gone == [{"id": ids[-1], "name": "again", "isDeleted": True}]
+            assert api.get("runs/again").status_code == 404
+        submit()
+        patched = api.patch("runs/again", json={"preemptible": True, "retry_on_system_failure": False})
+        assert patched.status_code == 200, patched.text
+        assert {k: patched.json()["spec"]["scheduling"][k] for k in ("preemptible", "retry_on_system_failure")} \
+            == {"preemptible": True, "retry_on_system_failure": False}
+        assert patched.json()["events"][-1]["message"] == \
+            "scheduling updated: preemptible: False -> True, retry_on_system_failure: True -> False"
+        refused = api.patch("runs/again", json={"preemptible": "sometimes"})
+        assert refused.status_code == 422 and "preemptible" in refused.text
+        listed = api.get("runs", params={"q": "again"}).raise_for_status().json()
+    assert [(r["id"], r["name"]) for r in listed["items"]] == [(ids[2], "again")] and listed["total"] == 1
+
+    live = graphql(server, GET_RUNS, {"d": by_name}, alice)["data"]["getRuns"]
+    assert live == [{"id": ids[2], "name": "again", "isDeleted": False, "preemptible": True,
+                     "retryOnSystemFailure": False}]
+    every = graphql(server, GET_RUNS, {"d": {**by_name, "includeDeleted": True}}, alice)["data"]["getRuns"]
+    assert [(r["id"], r["isDeleted"]) for r in every] == [(ids[2], False), (ids[1], True), (ids[0], True)]
+    paged = graphql(server, RUNS.replace("name status", "id isDeleted"), {"d": {"includeDeleted": True, "limit": 100}},
+                    alice)["data"]["getRunsPaginated"]["runs"]
+    assert [r for r in paged if r["id"] in ids] == [{"id": i, "isDeleted": i != ids[2]} for i in reversed(ids)]
+    back = graphql(server, UPDATE, {"g": by_name, "u": {"preemptible": False, "retryOnSystemFailure": True}}, alice)
+    assert back == {"data": {"updateRun": [{"name": "again", "preemptible": False, "retryOnSystemFailure": True}]}}
 
 
 @pytest.mark.parametrize("mapi, expected", [

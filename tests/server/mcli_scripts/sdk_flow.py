@@ -33,8 +33,9 @@ run = create_run(config)
 out["created"] = {"name": run.name, "status_known": run.status.name != "UNKNOWN", "cluster": run.cluster}
 out["waited"] = wait_for_run_status(run, "COMPLETED", timeout=90).status.value
 out["logs"] = "".join(get_run_logs(run))
-updated = update_run(run, priority="low", max_retries=2)
-out["updated"] = {"priority": updated.priority, "max_retries": updated.max_retries}
+updated = update_run(run, priority="low", max_retries=2, preemptible=True, retry_on_system_failure=False)
+out["updated"] = {"priority": updated.priority, "max_retries": updated.max_retries,
+                  "preemptible": updated.preemptible, "retry_on_system_failure": updated.retry_on_system_failure}
 out["completed_on_cpu"] = sorted({(r.name, r.status.value) for r in get_runs(cluster_names=["cpu"],
                                                                             statuses=["COMPLETED"])})
 
@@ -45,6 +46,7 @@ stop_run(long)
 out["stopped"] = wait_for_run_status(long, "STOPPED", timeout=90).status.value
 out["deleted"] = delete_run(get_run("sdk-long")).is_deleted
 out["after_delete"] = [r.name for r in get_runs(runs=["sdk-long"])]
+out["with_deleted"] = [[r.name, r.is_deleted] for r in get_runs(runs=["sdk-long"], include_deleted=True)]
 
 made = create_secret(MCLIEnvVarSecret(name="sdk-token", secret_type=SecretType.environment, key="SDK_TOKEN",
                                       value="t0ps3cret-value"))
