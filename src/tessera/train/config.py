@@ -253,9 +253,9 @@ class TrainerConfig(BaseModel):
                                                               description="Where file loggers write.")
     log_interval: Interval = Field("1ba", description="How often to log the training metrics.")
     torch_threads: int | None = Field(
-        None, ge=1, le=1024, description="torch's CPU threads. None: torch's choice (one per core), or one thread "
-        "when the CPU is oversubscribed at the run's first start; a resumed run keeps the count it started with, as "
-        "CPU sums differ with it.")
+        None, ge=1, le=1024, description="torch's CPU threads. None: decided at the run's first start from the CPUs "
+        "it may use (affinity mask, cgroup quota, local ranks) less those other processes keep busy (cpu_threads.py); "
+        "a resumed run keeps the count it started with, as CPU sums differ with it.")
     device: Annotated[str | None, BeforeValidator(_device)] = Field(
         None, description="A torch device (cpu, cuda, cuda:1); None: the rank's GPU, else the CPU.")
     parallelism: ParallelismConfig = Field(

@@ -25,19 +25,11 @@ import os
 import sys
 import threading
 
-from tessera.train.cpu_threads import available_cores
+from tessera.train.cpu_threads import available_cores, local_ranks
 
 log = logging.getLogger(__name__)
 
 WRITER_NICE = 10   # added to the writer threads' nice value; 19 is the lowest priority
-
-
-def local_ranks() -> int:
-    """Processes of this job on this machine (torchrun's LOCAL_WORLD_SIZE; 1 when unset)."""
-    try:
-        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        return 1
 
 
 def default_upload_threads() -> int:
