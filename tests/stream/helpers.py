@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tessera.shards import ShardWriter
+from tessera.storage.state_folder import is_state_folder
 
 HERE = Path(__file__).resolve().parent
 READER = HERE / "reader_proc.py"
@@ -319,7 +320,7 @@ def cache_data_bytes(root: Path) -> int:
     """Bytes of shard data in a cache folder: shard files and in-flight temp files, not metadata."""
     total = 0
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".tessera"]
+        dirnames[:] = [d for d in dirnames if not is_state_folder(d)]
         for name in filenames:
             if name == "index.json":
                 continue
@@ -334,6 +335,6 @@ def shard_files(root: Path) -> list[str]:
     """Shard files (complete or in flight) in a cache folder."""
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d != ".tessera"]
+        dirnames[:] = [d for d in dirnames if not is_state_folder(d)]
         out += [os.path.join(dirpath, n) for n in filenames if n != "index.json"]
     return out

@@ -46,12 +46,14 @@ def worker_union(sched, world: int, per_node: int | None, workers: int) -> dict[
 
 # --- stratified ----------------------------------------------------------------------------------------
 
-def test_stratified_counts_are_largest_remainder_and_at_least_one() -> None:
+def test_stratified_counts_are_largest_remainder_as_mosaicml() -> None:
     assert stratified_counts([333, 333, 334], 10).tolist() == [3, 3, 4]
-    assert stratified_counts([1, 1000], 4).tolist() == [1, 3]  # a tiny stream still gets one
     assert stratified_counts([5, 5, 5, 5], 4).tolist() == [1, 1, 1, 1]
     assert stratified_counts([150, 90, 60], 12).tolist() == [6, 4, 2]
-    with pytest.raises(ValueError, match="number of streams"):
+    assert stratified_counts([100, 100], 7).tolist() == [3, 4]  # a tie goes to the higher stream, as MosaicML's
+    with pytest.raises(ValueError, match="Number of samples for stream 0 is 0 .* size 4"):
+        stratified_counts([1, 1000], 4)  # a stream in no batch: refused, as MosaicML (not given one each batch)
+    with pytest.raises(ValueError, match="Number of samples for stream 0 is 0"):
         stratified_counts([5, 5, 5], 2)
 
 
@@ -225,5 +227,5 @@ def test_state_of_another_batching_method_or_batch_size_is_refused(data: Path) -
         make(data, "device_per_stream", G).load_state_dict(strat)
     with pytest.raises(ValueError, match="unknown batching_method"):
         make(data, "roundrobin", G)
-    with pytest.raises(ValueError, match="number of streams"):
+    with pytest.raises(ValueError, match="Number of samples for stream 1 is 0"):
         make(data, "stratified", 1)

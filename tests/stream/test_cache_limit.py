@@ -170,7 +170,7 @@ def test_limit_below_what_progress_needs_is_refused_naming_the_need(tmp_path: Pa
     src = tmp_path / "src"
     helpers.write_blobs(src, range(64), BLOB, size_limit=PER_SHARD * (BLOB + 64), compression="zstd")
     entries = json.loads((src / "index.json").read_text())["shards"]
-    need = 2 * max(e["raw_data"]["bytes"] + e["zip_data"]["bytes"] for e in entries)
+    need = (src / "index.json").stat().st_size + 2 * max(e["raw_data"]["bytes"] + e["zip_data"]["bytes"] for e in entries)
     with pytest.raises(ValueError, match=f"at least {need}"):  # CacheLimitError is a ValueError, as Mosaic's
         StreamingDataset(remote=str(src), local=str(tmp_path / "cache"), cache_limit=need - 1, batch_size=4)
     StreamingDataset(remote=str(src), local=str(tmp_path / "cache"), cache_limit=need, batch_size=4)
@@ -183,11 +183,12 @@ def test_shuffle_block_fits_the_cache_and_resume_keeps_the_saved_one(tmp_path: P
     helpers.write_blobs(src, range(640), 1024, size_limit=32 * 1100)
     entries = json.loads((src / "index.json").read_text())["shards"]
     shard, per_shard = max(e["raw_data"]["bytes"] for e in entries), entries[0]["samples"]
+    index = (src / "index.json").stat().st_size  # counted in the limit, as MosaicML does
     kw = {"remote": str(src), "batch_size": 8, "shuffle": True}
-    small = StreamingDataset(**kw, local=str(tmp_path / "a"), cache_limit=8 * shard)
+    small = StreamingDataset(**kw, local=str(tmp_path / "a"), cache_limit=index + 8 * shard)
     assert small._config.block_size == 2 * per_shard  # 8 shards fit: a quarter of them, 2 shards of samples
     assert StreamingDataset(**kw, local=str(tmp_path / "b"))._config.block_size == 4_000_000  # MosaicML default
-    explicit = StreamingDataset(**kw, local=str(tmp_path / "c"), cache_limit=8 * shard, shuffle_block_size=100)
+    explicit = StreamingDataset(**kw, local=str(tmp_path / "c"), cache_limit=index + 8 * shard, shuffle_block_size=100)
     assert explicit._config.block_size == 100
     loader = StreamingDataLoader(small, batch_size=8)
     first = []
@@ -197,11 +198,11 @@ def test_shuffle_block_fits_the_cache_and_resume_keeps_the_saved_one(tmp_path: P
             state = loader.state_dict()
             break
     rest = [[int(i) for i in b["id"]] for b in loader]  # the same loader goes on: the next epoch
-    other = StreamingDataset(**kw, local=str(tmp_path / "d"), cache_limit=16 * shard)
+    other = StreamingDataset(**kw, local=str(tmp_path / "d"), cache_limit=index + 16 * shard)
     resumed = StreamingDataLoader(other, batch_size=8)
     resumed.load_state_dict(state)
     after = [[int(i) for i in b["id"]] for b in resumed]
-    whole = StreamingDataLoader(StreamingDataset(**kw, local=str(tmp_path / "e"), cache_limit=8 * shard),
+    whole = StreamingDataLoader(StreamingDataset(**kw, local=str(tmp_path / "e"), cache_limit=index + 8 * shard),
                                 batch_size=8)
     assert first + after == [[int(i) for i in b["id"]] for b in whole]
     assert rest and sorted(i for b in first + after for i in b) == list(range(640))

@@ -24,10 +24,12 @@ from tessera.shards.errors import (
     CorruptShard,
     DatasetExists,
     DatasetNotFound,
+    EmptyIndex,
     EncodeError,
     EncodeTypeError,
     HashMismatch,
     IndexFormatError,
+    IndexNotJSON,
     MissingShard,
     PathTraversal,
     ShardError,
@@ -47,8 +49,8 @@ from tessera.shards.verify import verify_dataset
 from tessera.shards.writer import MDSWriter, ShardWriter
 
 __all__ = [
-    "CSVWriter", "ColumnMismatch", "CorruptShard", "DatasetExists", "DatasetIndex", "DatasetNotFound",
-    "EncodeError", "EncodeTypeError", "HashMismatch", "IndexFormatError", "JSONWriter", "MDSDataset",
+    "CSVWriter", "ColumnMismatch", "CorruptShard", "DatasetExists", "DatasetIndex", "DatasetNotFound", "EmptyIndex",
+    "EncodeError", "EncodeTypeError", "HashMismatch", "IndexFormatError", "IndexNotJSON", "JSONWriter", "MDSDataset",
     "MDSWriter", "MissingShard", "PathTraversal", "ShardEntry", "ShardError", "ShardFormatError",
     "ShardReader", "ShardWriter", "TSVWriter", "TextShardReader", "TruncatedShard", "UnknownEncoding",
     "UnsafeEncoding", "WriterError", "XSVWriter", "merge_index", "read_index", "repair_index", "verify_dataset",

@@ -13,8 +13,9 @@ worker's exception in the training process: the class (and so those `except` cla
 
 from __future__ import annotations
 
+import json
 import re
-from typing import Any
+from typing import Any, Self
 
 from tessera.storage.errors import IntegrityError
 
@@ -72,6 +73,30 @@ class MissingShard(ShardFormatError, FileNotFoundError):
 
 class IndexFormatError(ShardFormatError):
     """index.json (or one of its shard entries) is malformed."""
+
+
+class _JSONDecodeError(json.JSONDecodeError):
+    """`json.JSONDecodeError` built from a message alone, as every error here is (`ShardError.__reduce__`);
+    `at` gives it the position of the error it stands for."""
+
+    def __init__(self, message: str) -> None:
+        ValueError.__init__(self, message)
+        self.msg, self.doc, self.pos, self.lineno, self.colno = message, "", 0, 1, 1
+
+    def at(self, err: json.JSONDecodeError) -> Self:
+        """This error, at `err`'s position (its `doc`, the whole index text, is not kept)."""
+        self.msg, self.pos, self.lineno, self.colno = err.msg, err.pos, err.lineno, err.colno
+        return self
+
+
+class IndexNotJSON(IndexFormatError, _JSONDecodeError):
+    """index.json does not parse: empty, cut short or corrupted (MosaicML: `json.JSONDecodeError`). The
+    message is Tessera's for every file that does not parse: the file, the problem, line and column."""
+
+
+class EmptyIndex(IndexFormatError, RuntimeError):
+    """index.json lists no sample (no shard, or only empty ones): nothing to stream. MosaicML: RuntimeError
+    ("Stream contains no samples")."""
 
 
 class PathTraversal(IndexFormatError):

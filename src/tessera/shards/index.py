@@ -31,7 +31,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from tessera.shards.compression import parse_compression
-from tessera.shards.errors import IndexFormatError, PathTraversal
+from tessera.shards.errors import IndexFormatError, IndexNotJSON, PathTraversal
 from tessera.shards.hashing import is_hash
 from tessera.syntax_errors import json_excerpt, json_problem, with_excerpt
 
@@ -318,7 +318,7 @@ class DatasetIndex:
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as err:  # the line and column, and the line with a caret under it
-            raise with_excerpt(IndexFormatError(file, json_problem(err)), json_excerpt(err)) from None
+            raise with_excerpt(IndexNotJSON(file, json_problem(err)).at(err), json_excerpt(err)) from None
         except UnicodeDecodeError as err:
             raise IndexFormatError(file, f"not valid JSON ({err})") from None
         except RecursionError:

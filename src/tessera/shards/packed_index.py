@@ -126,6 +126,9 @@ class _Writer:
         self.rows += n
 
     def finish(self, dest: Path, header: dict[str, Any]) -> None:
+        for name in ("layout", "samples"):  # an index of no shards still has them, with no rows
+            if name not in self.numbers:
+                self.numbers[name] = self._temp()
         sections: list[tuple[str, BinaryIO, str, list[int]]] = []
         for name, file in self.numbers.items():
             sections.append((name, file, "<i8", [self.rows]))

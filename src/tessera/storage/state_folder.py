@@ -35,6 +35,12 @@ def state_folder(folder: str | os.PathLike[str]) -> Path:
     return folder.parent / f".{folder.name}{SUFFIX}"
 
 
+def is_state_folder(name: str) -> bool:
+    """Whether a folder of this name is a state folder (a walk over data skips it): a data folder
+    nested in another one has its state folder in that one."""
+    return name == INSIDE or (name.startswith(".") and name.endswith(SUFFIX))
+
+
 def _can_create_in(path: Path) -> bool:
     """Whether this process can create entries in `path`: a folder not made yet would be made by it
     under its closest existing ancestor, so that one decides."""

@@ -38,10 +38,10 @@ from tessera.shards.index import ShardEntry
 from tessera.storage import IntegrityError, Store, download_from
 from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_atomic
 from tessera.storage.locks import flocked
-from tessera.storage.state_folder import INSIDE, state_folder
+from tessera.storage.state_folder import is_state_folder, state_folder
 from tessera.stream.integrity import remember_verified, verify_file
+from tessera.stream.local_claim import LocalClaim
 
-META_DIR = INSIDE  # an earlier Tessera's state folder inside the cache (state_folder.py), never a shard
 DOWNLOAD_LOG = "downloads.log"
 INDEX_NAME = "index.json"
 
@@ -64,13 +64,32 @@ def largest_shard(streams: list[Any]) -> int:
     return max((st.packed.largest_shard for st in streams if st.remote_store is not None), default=0)
 
 
+def index_bytes(streams: list[Any]) -> int:
+    """Bytes of the index.json files in the cache folders of these (loaded) streams: never evicted, they
+    count against the cache limit, as in MosaicML."""
+    return sum((st.local_root / INDEX_NAME).stat().st_size for st in streams if st.remote_store is not None)
+
+
+def shards_fit(cache_limit: int, streams: list[Any]) -> int:
+    """How many of the largest shard fit under the limit beside the index.json files."""
+    return max(0, cache_limit - index_bytes(streams)) // max(1, largest_shard(streams))
+
+
 def check_cache_limit(cache_limit: int | None, streams: list[Any]) -> None:
-    """A limit below twice the largest shard could not make progress: an error at construction."""
+    """A limit that cannot hold the index.json files and two of the largest shard could not make
+    progress: an error at construction (in MosaicML's words, which its users' code may match)."""
+    if cache_limit is None:
+        return
+    indexes = index_bytes(streams)
+    if cache_limit <= indexes:
+        raise CacheLimitError(f"Minimum cache usage ({indexes} bytes, the index.json files) is larger than the "
+                              f"cache limit ({cache_limit} bytes); raise cache_limit")
     biggest = largest_shard(streams)
-    if cache_limit is not None and cache_limit < 2 * biggest:
-        raise CacheLimitError(f"cache_limit={cache_limit} bytes is below twice the largest shard "
-                              f"({biggest} bytes, raw + compressed): training could not make progress; "
-                              f"raise cache_limit to at least {2 * biggest}")
+    if cache_limit < indexes + 2 * biggest:
+        raise CacheLimitError(f"Cache limit ({cache_limit} bytes) is too low. Increase the `cache_limit` to at "
+                              f"least {indexes + 2 * biggest} bytes: the index.json files ({indexes} bytes) and "
+                              f"twice the largest shard ({biggest} bytes, raw + compressed), without which "
+                              "training could not make progress")
 
 
 def entry_stamp(entry: ShardEntry) -> str:
@@ -119,6 +138,8 @@ class ShardCache:
         self.peer_roots = [Path(p) for p in peer_roots] if peer_roots else [self.root]
         self._states = {r: state_folder(r) for r in {self.root, *self.peer_roots}}
         self.meta = self._states[self.root]
+        # Before anything is written to the folder: another remote's live dataset using it is refused.
+        self.claim = LocalClaim(self.root, remote.url_for(INDEX_NAME)) if remote is not None else None
         self.stats = CacheStats()
 
     # paths -------------------------------------------------------------------------------
@@ -313,17 +334,26 @@ class ShardCache:
         out = []
         for root in self.peer_roots:
             for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = [d for d in dirnames if d != META_DIR]
+                dirnames[:] = [d for d in dirnames if not is_state_folder(d)]
                 out.extend((root, Path(dirpath, name)) for name in filenames
                            if name != INDEX_NAME and not is_temp_name(name))
         return out
 
     def usage(self) -> int:
-        """Bytes of shard files in the cache (temp files of in-flight downloads excluded)."""
-        total = 0
+        """Bytes of the cache: shard files and index.json files, as MosaicML counts its `cache_limit`
+        (temp files of in-flight downloads excluded)."""
+        total = self._index_bytes()
         for _, path in self._shard_files():
             with contextlib.suppress(FileNotFoundError):
                 total += path.stat().st_size
+        return total
+
+    def _index_bytes(self) -> int:
+        """The index.json files of every peer root: never evicted, but they take their part of the limit."""
+        total = 0
+        for root in self.peer_roots:
+            with contextlib.suppress(FileNotFoundError):
+                total += (root / INDEX_NAME).stat().st_size
         return total
 
     def _reservation_path(self, basename: str, root: Path | None = None) -> Path:
@@ -371,7 +401,7 @@ class ShardCache:
                                   f"bytes; raise cache_limit")
         with flocked(self._states[self.peer_roots[0]] / "cache.lock", fcntl.LOCK_EX):
             files = self._shard_files()
-            used = self._reserved()
+            used = self._reserved() + self._index_bytes()
             for _, p in files:
                 with contextlib.suppress(FileNotFoundError):
                     used += p.stat().st_size
@@ -421,6 +451,20 @@ class ShardCache:
             finally:
                 os.close(fd)
         return False
+
+    def evict(self, entry: ShardEntry) -> bool:
+        """Remove a shard's files now (raw, and the compressed copy `keep_zip` kept): MosaicML's
+        `evict_shard`. False, and nothing removed, while a reader or a download holds the shard. A local
+        folder without a remote is the only copy of its data: refused."""
+        if self.remote is None:
+            raise ValueError(f"{self.root}: a stream without a remote copy is never evicted from (its "
+                             "shard files are the only copy of the data)")
+        raw = self.path(entry)
+        if raw.exists() and not self._try_evict(self.root, raw):
+            return False
+        if entry.zip_data is not None and not self._downloading(self.root, entry.zip_data.basename):
+            (self.root / entry.zip_data.basename).unlink(missing_ok=True)
+        return True
 
     def _try_evict(self, root: Path, path: Path) -> int:
         basename = path.relative_to(root).as_posix()

@@ -117,6 +117,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         self.batch_size = int(batch_size or 1)
         self.replication = int(replication or 1)
         self.predownload = predownload
+        self._warn_predownload()
         self.allow_unsafe_types = allow_unsafe_types
         self.cache_limit = parse_size(cache_limit) if cache_limit is not None else None
         world = World.from_env()
@@ -309,6 +310,7 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
         if self._epoch_used:  # iterating again without set_epoch/load_state_dict: the next epoch (MosaicML's)
             self._epoch, self._resume = self._epoch + 1, None
         self._epoch_used = True
+        self._warn_block_size()
         sched, layout = self._schedule(group)
         prefetcher = self._shards.active = self._prefetcher(sched, layout)
         done = 0

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tessera.stream.cache import largest_shard
+from tessera.stream.cache import shards_fit
 
 if TYPE_CHECKING:
     from tessera.stream.streams import LoadedStream
@@ -24,7 +24,7 @@ def cache_fitted_block(cache_limit: int, streams: list[LoadedStream], lanes: int
     `shuffle_block_size` is always kept; the block size is in the resume state, so a resume under
     another limit continues the same order.
     """
-    fits = cache_limit // max(1, largest_shard(streams))
+    fits = shards_fit(cache_limit, streams)
     remote = [st.packed.samples for st in streams if st.remote_store is not None]
     if not remote or not sum(len(r) for r in remote):
         return None

@@ -10,6 +10,7 @@ Subclasses that transform samples override `__getitem__` (as MosaicML's examples
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from tessera.stream.world import World
 if TYPE_CHECKING:
     from tessera.shards.reader import ShardReader
     from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+    from tessera.stream.open_shards import OpenShards
     from tessera.stream.streams import LoadedStream
 
 
@@ -35,6 +37,10 @@ class MosaicDatasetAPI:
     _run: RunPlan
     _config: PlanConfig
     initial_physical_nodes: int | None
+    predownload: int | None
+    batch_size: int
+
+    _shards: OpenShards
 
     if TYPE_CHECKING:
         def _reader(self, shard: int) -> ShardReader: ...
@@ -57,6 +63,28 @@ class MosaicDatasetAPI:
         shard = int(np.searchsorted(base, sample_id, side="right")) - 1
         return self._reader(shard).get(sample_id - int(base[shard]))
 
+    def _warn_predownload(self) -> None:
+        """At construction, MosaicML's warning: a `predownload` below the batch size keeps less than one
+        batch of samples downloading ahead of the reader."""
+        if self.predownload is not None and self.predownload < self.batch_size:
+            warnings.warn(f"predownload < batch_size ({self.predownload} < {self.batch_size}). This may result "
+                          "in slower batch time. Recommendation is to set predownload to at least batch_size.",
+                          UserWarning, stacklevel=3)
+
+    def _warn_block_size(self) -> None:
+        """At the start of each epoch, MosaicML's warning (its py1e's; Tessera's block shuffle behind every
+        algorithm but naive has the same limit): a shuffle block smaller than a shard shuffles that shard's
+        samples mostly among themselves."""
+        config = self._config
+        if not config.shuffle or config.algo == "naive":
+            return
+        largest = max((int(st.packed.samples.max()) for st in self.streams if len(st.entries)), default=0)
+        if config.block_size < largest:
+            warnings.warn(f"Shuffle block size was smaller than shard size for some shards: shuffle_block_size="
+                          f"{config.block_size} < {largest} samples in the largest shard, so such shards are not "
+                          "shuffled with other shards. Set shuffle_block_size to a larger value for a higher "
+                          "quality shuffle.", UserWarning, stacklevel=4)
+
     def _mosaic_state_keys(self) -> dict[str, Any]:
         """MosaicML's state keys that Tessera's own state lacks: `initial_physical_nodes` is the node count
         of the run that started the epoch sequence, kept through resumes."""
@@ -68,6 +96,24 @@ class MosaicDatasetAPI:
         if not 0 <= shard_id < self.num_shards:
             raise SampleIndexError(f"shard {shard_id} is out of range for a dataset of {self.num_shards} shards")
         self._fetch(shard_id)
+
+    def evict_shard(self, shard_id: int) -> bool:
+        """Remove shard `shard_id`'s files from the cache now, as MosaicML's does; it is downloaded again
+        when next read. This process's reader of it is closed first. Unlike MosaicML's, a shard another
+        process is reading stays (False; MosaicML deletes it under that reader), and a stream without a
+        remote copy is refused (its files are the only copy of the data)."""
+        if not 0 <= shard_id < self.num_shards:
+            raise SampleIndexError(f"shard {shard_id} is out of range for a dataset of {self.num_shards} shards")
+        stream, index = self._entries[shard_id]
+        self._shards.close_shard(shard_id)
+        return self.streams[stream].cache.evict(self.streams[stream].entries[index])
+
+    @property
+    def cache_usage(self) -> int:
+        """Bytes of shard files in the cache folders of the streams that have a remote (MosaicML's
+        `cache_usage`; measured on the disk, so it counts what every process sharing them downloaded)."""
+        caches = [st.cache for st in self.streams if st.remote_store is not None]
+        return caches[0].usage() if caches else 0  # a cache measures every stream's folder (peer_roots)
 
     # --- sizes (MosaicML's names) ----------------------------------------------------------------------
     @property
@@ -216,3 +262,9 @@ def normalize_shard_index(view: ShardView, idx: int) -> int:
         raise SampleIndexError(f"sample index {idx} is out of range for shard {view.shard_id} "
                                f"({view.entry.raw_data.basename}) of {view.entry.samples} samples")
     return idx
+
+
+def clean_stale_shared_memory() -> None:
+    """MosaicML's clean-up of shared memory that crashed runs left behind. Tessera keeps no shared memory:
+    processes coordinate through files and `flock`s (cache.py), which the kernel releases when a process
+    dies, so nothing is ever stale. Provided so that code calling it runs unchanged; it does nothing."""

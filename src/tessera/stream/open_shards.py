@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tessera.shards.reader import ShardReader
-from tessera.stream.cache import largest_shard
+from tessera.stream.cache import shards_fit
 from tessera.stream.prefetch import Prefetcher
 from tessera.stream.ranged import RangedReads
 from tessera.stream.row_addresses import RowAddresses
@@ -47,7 +47,7 @@ def open_limit(cache_limit: int | None, streams: Sequence[LoadedStream], world: 
     if cache_limit is None:
         return OPEN_READERS
     readers = world.local_world_size * max(1, world.num_workers)
-    fits = cache_limit // max(1, largest_shard(streams))
+    fits = shards_fit(cache_limit, streams)
     return max(1, min(OPEN_READERS, (fits // readers) // 2))
 
 
@@ -164,6 +164,14 @@ class OpenShards:
             return False
         del self._readers[shard]
         return True
+
+    def close_shard(self, shard: int) -> None:
+        """Close this process's reader of `shard` and drop its pins (before the shard is evicted)."""
+        hit = self._readers.pop(shard, None)
+        if hit is not None:
+            hit[0].close()
+            hit[1].__exit__(None, None, None)
+        self.release_ahead(shard)
 
     def close_readers(self) -> None:
         while self._readers:

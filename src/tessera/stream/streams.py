@@ -10,13 +10,13 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tessera.shards.errors import DatasetNotFound
+from tessera.shards.errors import DatasetNotFound, EmptyIndex
 from tessera.shards.index import INDEX_BASENAME, ShardEntry
 from tessera.shards.packed_index import PackedIndex, open_packed
 from tessera.shards.reader import ShardReader
@@ -114,6 +114,16 @@ class LoadedStream:
             raise AttributeError(name)
         return getattr(self.spec, name)
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:  # noqa: N802
+        """The Stream's class, so `isinstance(ds.streams[i], MyStream)` holds for the user's own subclass, as
+        in MosaicML; `type()` still tells this object from the Stream it reads through to."""
+        return type(self.spec)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled field by field (pickle's default would rebuild an object of `__class__`)."""
+        return LoadedStream, tuple(getattr(self, f.name) for f in fields(self))
+
     @property
     def local(self) -> str:
         """The cache folder (without the split), as MosaicML's `Stream.local`: the one chosen when the stream
@@ -195,15 +205,17 @@ def load_stream(spec: Stream, *, download_retry: int, download_timeout: float, v
         remote = remote.child(spec.split) if spec.split else remote
     local_root = local_root_of(spec)
     label = remote.url_for(INDEX_BASENAME) if remote else str(local_root / INDEX_BASENAME)
+    cache = ShardCache(local_root, remote, cache_limit=cache_limit,  # first: it claims the folder (local_claim.py)
+                       validate_hash=spec.validate_hash or validate_hash,
+                       keep_zip=spec.keep_zip if spec.keep_zip is not None else keep_zip,
+                       peer_roots=peer_roots)
     if remote is not None:
         fetch_index(remote, local_root, label)
     try:
         packed = open_packed(local_root / INDEX_BASENAME, label, beside=remote is not None)
     except FileNotFoundError:
         raise DatasetNotFound(f"{label}: no index.json and no remote to fetch it from") from None
+    if not packed.samples.any():
+        raise EmptyIndex(label, f"Stream contains no samples: {len(packed)} shards, none with a sample")
     check_hash_recorded(packed.layout_shards(), spec.validate_hash or validate_hash, label)
-    cache = ShardCache(local_root, remote, cache_limit=cache_limit,
-                       validate_hash=spec.validate_hash or validate_hash,
-                       keep_zip=spec.keep_zip if spec.keep_zip is not None else keep_zip,
-                       peer_roots=peer_roots)
     return LoadedStream(spec, packed, packed.fingerprint, cache, local_root, remote, label, given_weights(spec))

@@ -86,9 +86,15 @@ _NAMES: dict[str, tuple[tuple[str, ...], ...]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class World:
-    """The position of this process (and DataLoader worker) in the job."""
+    """The position of this process (and DataLoader worker) in the job.
+
+    Also built as MosaicML's is, `World(num_nodes=2, ranks_per_node=8, workers_per_rank=4, worker=37)`
+    (`worker` counts every DataLoader worker of the job), and read through MosaicML's names (`num_ranks`,
+    `ranks_per_node`, `rank_of_node`, `workers_per_rank`, `worker`, `worker_of_rank`, ...) except one:
+    `num_workers` stays the workers of one rank (MosaicML's counts the whole job's: `num_workers_total`).
+    """
 
     rank: int = 0
     world_size: int = 1
@@ -96,6 +102,25 @@ class World:
     local_world_size: int = 1
     worker_id: int = 0
     num_workers: int = 1
+
+    def __init__(self, rank: int = 0, world_size: int = 1, local_rank: int = 0, local_world_size: int = 1,
+                 worker_id: int = 0, num_workers: int = 1, *, num_nodes: int | None = None,
+                 ranks_per_node: int | None = None, workers_per_rank: int | None = None,
+                 worker: int | None = None) -> None:
+        mosaic = (num_nodes, ranks_per_node, workers_per_rank, worker)
+        if any(v is not None for v in mosaic):
+            if None in mosaic or (rank, world_size, local_rank, local_world_size, worker_id, num_workers) != (
+                    0, 1, 0, 1, 0, 1):
+                raise ValueError("World takes either Tessera's fields (rank, world_size, ...) or MosaicML's "
+                                 "num_nodes, ranks_per_node, workers_per_rank and worker, all four")
+            num_workers, local_world_size = int(workers_per_rank), int(ranks_per_node)  # type: ignore[arg-type]
+            rank, worker_id = divmod(int(worker), num_workers)  # type: ignore[arg-type]
+            world_size, local_rank = int(num_nodes) * local_world_size, rank % local_world_size  # type: ignore[arg-type]
+        for name, value in (("rank", rank), ("world_size", world_size), ("local_rank", local_rank),
+                            ("local_world_size", local_world_size), ("worker_id", worker_id),
+                            ("num_workers", num_workers)):
+            object.__setattr__(self, name, value)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
         if self.world_size < 1 or self.local_world_size < 1:
@@ -116,6 +141,25 @@ class World:
     @property
     def node(self) -> int:
         return self.rank // self.local_world_size
+
+    # MosaicML's names for the same numbers.
+    num_ranks = property(lambda self: self.world_size)
+    ranks_per_node = property(lambda self: self.local_world_size)
+    rank_of_node = property(lambda self: self.rank % self.local_world_size)
+    is_multinode = property(lambda self: self.num_nodes > 1)
+    workers_per_rank = property(lambda self: self.num_workers)
+    workers_per_node = property(lambda self: self.local_world_size * self.num_workers)
+    num_workers_total = property(lambda self: self.world_size * self.num_workers)
+    worker = property(lambda self: self.rank * self.num_workers + self.worker_id)
+    worker_of_rank = property(lambda self: self.worker_id)
+    worker_of_node = property(lambda self: self.worker % self.workers_per_node)
+    is_leader = property(lambda self: self.worker == 0)
+    is_local_leader = property(lambda self: self.worker_of_node == 0)
+
+    @classmethod
+    def detect(cls) -> World:
+        """MosaicML's name for `from_env`."""
+        return cls.from_env()
 
     @classmethod
     def from_env(cls) -> World:

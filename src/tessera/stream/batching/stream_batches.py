@@ -9,8 +9,8 @@ index) so that streams of the same shape are not shuffled alike. Each S_s is laz
 memory); streams with ``c_s = 0`` take no part.
 
 "stratified": every global batch holds ``g_s`` samples of stream s, ``g_s`` being G * c_s / sum(c) rounded
-by largest remainder (ties to the lower stream index) to integers >= 1 that sum to G (error if G is
-smaller than the number of contributing streams). Global batch t is the concatenation, in stream order, of
+by largest remainder (ties to the higher stream index, as MosaicML's) to integers that sum to G (a ValueError
+if one is 0, as in MosaicML). Global batch t is the concatenation, in stream order, of
 ``S_s[t*g_s : (t+1)*g_s]``. An epoch has ``min_s floor(len(S_s) / g_s)`` global batches, as MosaicML's
 (only whole batch parts): streams whose S_s is longer than ``batches * g_s`` leave their tail unserved in
 that epoch (``dropped``, counted per stream by `StratifiedSchedule`; a different random subset every epoch
@@ -76,20 +76,21 @@ class StreamPlans:
 
 
 def stratified_counts(choose: np.ndarray | list[int], global_batch_size: int) -> np.ndarray:
-    """Samples of each stream per global batch: G * c_s / sum(c) by largest remainder, each >= 1."""
+    """Samples of each stream per global batch: G * c_s / sum(c) by largest remainder, ties to the higher
+    stream index, as MosaicML's. A stream whose part rounds to 0 could not be in every batch: a ValueError
+    in MosaicML's words (giving it one sample of every batch would oversample it and cut the epoch short)."""
     G, n = int(global_batch_size), len(choose)
-    if G < n:
-        raise ValueError(f"batching_method='stratified' needs a global batch size >= the number of streams "
-                         f"contributing samples ({n}), got {G}")
     total = int(sum(int(c) for c in choose))
     quota = [Fraction(G * int(c), total) for c in choose]
-    g = [max(1, math.floor(q)) for q in quota]
-    while sum(g) < G:  # the largest remainder first, ties to the lower stream index
-        s = max(range(n), key=lambda i: (quota[i] - g[i], -i))
+    g = [math.floor(q) for q in quota]
+    for s in sorted(range(n), key=lambda i: (quota[i] - g[i], i), reverse=True)[:G - sum(g)]:
         g[s] += 1
-    while sum(g) > G:  # only after forcing ones: take from the most over-served stream that can give
-        s = min((i for i in range(n) if g[i] > 1), key=lambda i: (quota[i] - g[i], -i))
-        g[s] -= 1
+    for s, part in enumerate(g):
+        if part == 0:
+            raise ValueError(f"Number of samples for stream {s} is 0 because the portion of this stream in the "
+                             f"global batch, which is of size {G}, is too low ({float(quota[s]):.3g} samples); "
+                             "increase the global batch size or the stream's proportion "
+                             "(batching_method='stratified')")
     return np.array(g, dtype=np.int64)
 
 
