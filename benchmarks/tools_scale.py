@@ -140,7 +140,7 @@ def upload_parts(ds: Path, server: Any) -> str:
     from tessera.storage import open_store
 
     store = open_store("s3://bench/merge")
-    for folder in sorted((ds / "parts").iterdir()):
+    for folder in sorted(p for p in (ds / "parts").iterdir() if p.is_dir()):
         store.put(f"{folder.name}/index.json", (folder / "index.json").read_bytes())
     return "s3://bench/merge"
 

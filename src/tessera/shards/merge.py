@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from tessera.shards.errors import DatasetNotFound, IndexFormatError
-from tessera.shards.index import INDEX_BASENAME, DatasetIndex, check_basename, check_total_samples, shard_key
+from tessera.shards.index import (
+    INDEX_BASENAME,
+    DatasetIndex,
+    FileInfo,
+    check_basename,
+    check_total_samples,
+    shard_key,
+)
 from tessera.shards.pool import ordered_map
 from tessera.storage import NotFound, RetryPolicy, Store, open_store
 
@@ -62,23 +69,28 @@ def merge_parts(parts: Sequence[Part] | None, out: Part, keep_local: bool = True
     if not found:
         raise DatasetNotFound(f"{target.url}: no part to merge (no folder below it holds an index.json)")
     label = target.url_for(INDEX_BASENAME)
-    merged, pieces, owner = DatasetIndex(), [], {}  # owner: each file's store key -> the part listing it
+    merged, pieces = DatasetIndex(), []
+    owner: dict[tuple[str, str], str] = {}  # (part folder, basename) of each file -> the part listing it
     for (store, prefix), (index, entries) in zip(found, _read_parts([s for s, _ in found], concurrency),
                                                  strict=True):
+        check_basename(posixpath.join(prefix, "_"), label)  # the part's own basenames were checked with it
+        folder = shard_key(prefix)
         for entry, raw in zip(index.shards, entries, strict=True):
             renamed = {}
             for key in _FILE_KEYS:
                 if raw.get(key):
-                    name = check_basename(posixpath.join(prefix, raw[key]["basename"]), label, len(merged.shards))
-                    if shard_key(name) in owner:
+                    name = posixpath.join(prefix, raw[key]["basename"])
+                    if (folder, raw[key]["basename"]) in owner:
                         raise IndexFormatError(label, f"{name!r} would be listed twice (from "
-                                               f"{owner[shard_key(name)]} and {store.url}); merge distinct parts")
-                    owner[shard_key(name)] = store.url
+                                               f"{owner[folder, raw[key]['basename']]} and {store.url}); merge "
+                                               "distinct parts")
+                    owner[folder, raw[key]["basename"]] = store.url
                     raw[key]["basename"] = name
-                    renamed[key] = dataclasses.replace(getattr(entry, key), basename=name)
+                    info = getattr(entry, key)
+                    renamed[key] = FileInfo(name, info.bytes, info.hashes)
             merged.shards.append(dataclasses.replace(entry, **renamed))
         if entries:  # the bytes json.dumps({"version": 2, "shards": all entries}) gives, part by part
-            pieces.append(", ".join(map(json.dumps, entries)))
+            pieces.append(json.dumps(entries)[1:-1])
     check_total_samples(merged.num_samples, label)  # each part's entries were checked as every reader does
     text = '{"version": 2, "shards": [' + ", ".join(pieces) + "]}"
     target.put(INDEX_BASENAME, text.encode("utf-8"))
