@@ -88,16 +88,16 @@ def child_tessera(root: Path, real: int, workers: int) -> dict[str, Any]:
         out["workers_uss_mb"] = sum(p["uss"] for p in per)
         out["workers_pss_mb"] = sum(p["pss"] for p in per)
         return out
+    batches = [first] + [next(it) for _ in range(BATCHES - 1)]
+    out["peak_after_100_mb"] = _rss_mb()  # (before the reference plan below, which is the check's own)
     n = len(ds.streams[0].entries)
     ref = BatchSchedule(RunPlan([StreamShards(np.full(n, SAMPLES))], ds._config).epoch(0), 8)
-    batches = [first] + [next(it) for _ in range(BATCHES - 1)]
     ok = 0
     for t, batch in enumerate(batches):
         shard, row = np.divmod(ref.global_batch(t), SAMPLES)
         want = np.stack([linked.expected_row(int(s), int(r), real) for s, r in zip(shard, row, strict=True)])
         ok += bool(np.array_equal(batch["tokens"].numpy(), want))
     out["correct_batches"] = ok
-    out["peak_after_100_mb"] = _rss_mb()
     return out
 
 
