@@ -215,6 +215,7 @@ class EpochPlan:
         return found
 
     def _lane_pieces(self, lane: int) -> dict[str, np.ndarray]:
+        """(A store keeps these arrays in files: a change of what they mean needs plan_files.MAGIC changed.)"""
         first, base, end = (int(v) for v in self.cuts[lane])
         lo, hi = int(self.lane_start[lane]), int(self.lane_start[lane + 1])
         units = self.run.unit_order[first:end]
