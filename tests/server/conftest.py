@@ -19,8 +19,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import Engine
 
 from tessera.platform.clusters.local import free_port
+from tessera.platform.store.db import make_engine, sqlite_url
 from tessera.platform.supervision.supervisor import stop_supervisor
 
 START_TIMEOUT = 30.0
@@ -116,6 +118,21 @@ def postgres_cluster() -> Iterator[object]:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def fresh_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """An engine on an empty store database (not migrated): a SQLite file, or a new database of its own on
+    the session's PostgreSQL."""
+    from server_proc import fresh_database
+
+    if request.param == "sqlite":
+        engine = make_engine(sqlite_url(tmp_path / "store.db"))
+    else:
+        cluster = request.getfixturevalue("postgres_cluster")
+        engine = make_engine(fresh_database(cluster, f"fe_{request.node.originalname[-30:]}").url)
+    yield engine
+    engine.dispose()
 
 
 @pytest.fixture(scope="module")

@@ -7,32 +7,17 @@ cascade into them."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from alembic import command
 from alembic.config import Config
-from server_proc import Postgres, fresh_database
 from sqlalchemy import Engine, func, insert, select
 
 from tessera.platform.errors import RunExists
-from tessera.platform.store.db import MIGRATIONS, head, make_engine, migrate, sqlite_url, writing
+from tessera.platform.store.db import MIGRATIONS, head, migrate, writing
 from tessera.platform.store.models import events, resumptions, runs
 from tessera.platform.store.records import ResumptionRecord, columns
 from tessera.platform.store.state import COMPLETED, RunRecord, StateDB, new_run_id
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def fresh_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
-    """An engine on an empty database (not migrated)."""
-    if request.param == "sqlite":
-        engine = make_engine(sqlite_url(tmp_path / "store.db"))
-    else:
-        cluster: Postgres = request.getfixturevalue("postgres_cluster")
-        engine = make_engine(fresh_database(cluster, f"sd_{request.node.originalname[-30:]}").url)
-    yield engine
-    engine.dispose()
 
 
 def _run(name: str, created: float) -> RunRecord:

@@ -40,6 +40,7 @@ from tessera.platform.runs.shipping import adopt_history
 from tessera.platform.secrets.vault import SecretStore
 from tessera.platform.spec.edits import cloned_spec, updated_scheduling
 from tessera.platform.spec.run_spec import RunSpec, validate_name
+from tessera.platform.store.db import one_reader
 from tessera.platform.store.homes import LOCAL_TEAM, home_engine
 from tessera.platform.store.leases import lease_of
 from tessera.platform.store.metric_points import read_points
@@ -176,8 +177,9 @@ class Platform:
 
     def get_run(self, name: str, *, include_deleted: bool = False) -> Run:
         """The run of that name or id; a run deleted through MCLI's API (`soft`) only with `include_deleted`."""
-        r = self._record(name, include_deleted)
-        return Run.from_record(r, self.db.resumptions(r.id), self.db.events(r.id))
+        with one_reader(self.db.engine):
+            r = self._record(name, include_deleted)
+            return Run.from_record(r, self.db.resumptions(r.id), self.db.events(r.id))
 
     def list_runs(self, status: str | Iterable[str] | None = None, cluster: str | None = None,
                   limit: int | None = None, *, user: str | None = None, q: str | None = None) -> list[Run]:
@@ -209,14 +211,14 @@ class Platform:
         the API's runs list and the console show. Runs submitted meanwhile never shift a page. Deleted
         runs (`soft`) come only with `include_deleted` (MCLI's API)."""
         statuses = run_statuses(status)
-        records, next_cursor = self.db.page_runs(statuses, cluster, user=user, q=q, cursor=cursor, limit=limit,
-                                                 include_deleted=include_deleted)
-        ids = [r.id for r in records]
-        resumptions, events = self.db.resumptions_of(ids), self.db.events_of(ids)
+        with one_reader(self.db.engine):    # its four queries on one connection
+            records, next_cursor = self.db.page_runs(statuses, cluster, user=user, q=q, cursor=cursor, limit=limit,
+                                                     include_deleted=include_deleted)
+            ids = [r.id for r in records]
+            resumptions, events = self.db.resumptions_of(ids), self.db.events_of(ids)
+            total = self.db.count_runs(statuses, cluster, user=user, q=q, include_deleted=include_deleted)
         items = [Run.from_record(r, resumptions[r.id], events[r.id]).summary() for r in records]
-        return RunPage.model_validate({"items": items, "next_cursor": next_cursor,
-                                       "total": self.db.count_runs(statuses, cluster, user=user, q=q,
-                                                                   include_deleted=include_deleted)})
+        return RunPage.model_validate({"items": items, "next_cursor": next_cursor, "total": total})
 
     def wait_for_run_status(self, name: str, status: str | Iterable[str], timeout: float | None = None,
                             poll: float = 0.25) -> Run:
@@ -370,10 +372,11 @@ class Platform:
 
     def describe_run(self, name: str, *, include_deleted: bool = False) -> dict[str, Any]:
         """Everything `run describe` shows; passes through the redactor as a last guard."""
-        redact = self.secrets.redactor()
-        run = self.get_run(name, include_deleted=include_deleted)
+        redact = self.secrets.redactor()    # (may import an old home's secret files: not in one_reader)
+        with one_reader(self.db.engine):
+            run = self.get_run(name, include_deleted=include_deleted)
+            lease = lease_of(self.db.engine, run.id)
         described = run.to_dict()
-        lease = lease_of(self.db.engine, run.id)
         described["supervisor"] = {"replica": lease[0], "lease_expires": lease[1]} if lease else None
         return json.loads(redact(json.dumps(described)))
 

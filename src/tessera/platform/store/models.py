@@ -119,10 +119,11 @@ runs = Table(
     Column("deleted", Float),   # when MCLI's deleteRuns deleted it (soft: the row stays, listed on request)
     # a name is unique among the team's runs that are not deleted, so a deleted run's name can be used again
     Index("uq_runs_team_name", "team", "name", unique=True, sqlite_where=LIVE, postgresql_where=LIVE),
-    # a page of the runs list reads an index in order instead of sorting every run of the team
+    # a page of the runs list reads an index in order instead of sorting every run of the team; a filtered
+    # page's total counts the entries of a partial index of the live runs (migration 0005)
     Index("ix_runs_team_created", "team", "created", "id"),
-    Index("ix_runs_team_status_created", "team", "status", "created", "id"),
-    Index("ix_runs_team_user_created", "team", "user", "created", "id"),
+    Index("ix_runs_team_status_created", "team", "status", "created", "id", sqlite_where=LIVE, postgresql_where=LIVE),
+    Index("ix_runs_team_user_created", "team", "user", "created", "id", sqlite_where=LIVE, postgresql_where=LIVE),
     Index("ix_runs_status", "status"),          # supervision looks for active runs of every team
 )
 
