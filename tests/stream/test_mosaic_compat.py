@@ -22,6 +22,7 @@ from tessera.stream import (
     StreamingDataLoader,
     StreamingDataset,
     clean_stale_shared_memory,
+    generate_work,
     streams_registry,
 )
 from tessera.stream.world import World
@@ -175,3 +176,19 @@ def test_index_errors_are_the_exceptions_mosaicml_raises(tmp_path: Path) -> None
     with pytest.raises(RuntimeError, match=r"index.json: Stream contains no samples: 0 shards") as empty:
         StreamingDataset(local=str(local), batch_size=1)
     assert isinstance(empty.value, IndexFormatError)
+
+
+def test_generate_work_is_the_order_each_worker_reads(tmp_path: Path) -> None:
+    root = helpers.write_two_streams(tmp_path / "remote")
+    streams = [Stream(remote=str(root / name), local=str(tmp_path / name)) for name in ("A", "B")]
+    ds = StreamingDataset(streams=streams, batch_size=4, shuffle=True, num_canonical_nodes=2)
+    alone = generate_work("random", ds, World(), 0, 0)
+    assert alone.shape == (1, 1, 1, -(-len(ds) // 4), 4)
+    order = alone.reshape(-1)
+    assert helpers.two_stream_ids(order[order >= 0]) == [int(s["id"]) for s in ds]
+    work = generate_work("device_per_stream", ds, World(num_nodes=2, ranks_per_node=2, workers_per_rank=3, worker=0),
+                         0, 0)
+    assert work.shape[:3] == (2, 2, 3) and work.shape[4] == 4
+    batches = [b for b in work.reshape(-1, 4) if (b >= 0).any()]
+    assert all(len({int(i) < helpers.N_A for i in b}) == 1 for b in batches)  # each device batch from one stream
+    assert {int(i) for b in batches for i in b} == set(range(helpers.N_A + helpers.N_B))

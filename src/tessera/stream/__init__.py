@@ -10,7 +10,8 @@ docs/streaming.md for the differences.
   the run needs);
   `download_counts(local)` reads its download journal.
 - `streams_registry`: `Stream` subclasses by name, for `stream_name` / `stream_config`.
-- `clean_stale_shared_memory()`: MosaicML's, a no-op (Tessera keeps no shared memory).
+- `clean_stale_shared_memory()`: MosaicML's, a no-op (Tessera keeps no shared memory); `generate_work(...)`:
+  MosaicML's array of the samples each worker of a given world reads in an epoch.
 
 The sample order itself is pure functions in `tessera.stream.batching` (import from its modules).
 """
@@ -19,9 +20,9 @@ from tessera.stream.batching.resume_state import PlanStateMismatch
 from tessera.stream.cache import CacheLimitError, download_counts
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.loader import StreamingDataLoader
-from tessera.stream.mosaic_api import clean_stale_shared_memory
+from tessera.stream.mosaic_api import clean_stale_shared_memory, generate_work
 from tessera.stream.registry import streams_registry
 from tessera.stream.streams import Stream
 
 __all__ = ["CacheLimitError", "PlanStateMismatch", "Stream", "StreamingDataLoader", "StreamingDataset",
-           "clean_stale_shared_memory", "download_counts", "streams_registry"]
+           "clean_stale_shared_memory", "download_counts", "generate_work", "streams_registry"]

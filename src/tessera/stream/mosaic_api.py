@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tessera.shards.index import FileInfo, ShardEntry
+from tessera.stream.batching.methods import Batching, reader_batches
 from tessera.stream.indexing import SampleIndexError, select
 from tessera.stream.world import World
 
 if TYPE_CHECKING:
     from tessera.shards.reader import ShardReader
     from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
+    from tessera.stream.dataset import StreamingDataset
     from tessera.stream.open_shards import OpenShards
     from tessera.stream.streams import LoadedStream
 
@@ -268,3 +270,27 @@ def clean_stale_shared_memory() -> None:
     """MosaicML's clean-up of shared memory that crashed runs left behind. Tessera keeps no shared memory:
     processes coordinate through files and `flock`s (cache.py), which the kernel releases when a process
     dies, so nothing is ever stale. Provided so that code calling it runs unchanged; it does nothing."""
+
+
+def generate_work(batching_method: str, dataset: StreamingDataset, world: World, epoch: int,
+                  sample_in_epoch: int) -> np.ndarray:
+    """MosaicML's `streaming.base.batching.generate_work`: the sample ids each DataLoader worker of `world`
+    reads in `epoch`, from `sample_in_epoch` (counted over all ranks) on, shaped (nodes, ranks per node,
+    workers per rank, batches per worker, batch size), -1 where a worker has fewer or a batch is partial.
+    Tessera's order, for `batching_method` over the dataset's plan (any method, not only its own); for
+    looking at how a world would split an epoch, not needed to iterate."""
+    sched = Batching(batching_method, dataset.batch_size).schedule(
+        dataset._run, epoch, dataset.global_batch_size(world), sample_in_epoch)
+    per_node = world.local_world_size
+    workers = []
+    for rank in range(world.world_size):
+        for worker in range(world.num_workers):
+            layout = dataset._layout(World(rank, world.world_size, rank % per_node, per_node, worker, world.num_workers))
+            sched.check_layout(layout)
+            workers.append([dataset._shard_base[shards] + rows
+                            for shards, rows in reader_batches(sched, layout, dataset._locate)])
+    out = np.full((len(workers), max(map(len, workers)), dataset.batch_size), -1, dtype=np.int64)
+    for w, batches in enumerate(workers):
+        for b, ids in enumerate(batches):
+            out[w, b, :len(ids)] = ids
+    return out.reshape(world.num_nodes, per_node, world.num_workers, *out.shape[1:])

@@ -1,6 +1,5 @@
-"""`streaming.base.batching.generate_work`: MosaicML's per-worker sample partition array; Tessera plans
-batches differently (tessera.stream.batching) and has no such array."""
+"""`streaming.base.batching.generate_work`."""
 
-from streaming.base.missing import missing
+from tessera.stream import generate_work
 
-generate_work = missing("generate_work")
+__all__ = ["generate_work"]
