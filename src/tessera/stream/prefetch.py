@@ -3,10 +3,20 @@
 The plan knows the future exactly, so prefetching is not a guess: a background thread walks the
 worker's upcoming shard needs and keeps up to `window` samples ahead of the reader with several
 concurrent downloads. The same knowledge ranks shards for eviction (needed last goes first).
+
+The first window is different: nothing is present yet, and a shuffled epoch's first batch needs a
+shard of nearly every lane's block at once (all of them, for a block as large as the dataset). Those
+fetches (up to FIRST_FETCHES) are submitted in the constructor, in need order, before the reader's first
+step (`first_window`): the reader then waits on each shard's fetch instead of starting a download of its
+own that a prefetch thread waited behind (one of the pool's slots lost at the start of every epoch).
+They run `concurrency` at a time, as later ones do: starting all of them at once (16 downloads of 4
+ranges each per DataLoader worker) made a cold shuffled first batch later, not sooner, on 2 cores
+(benchmarks/RESULTS.md, issue 24).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections import deque
@@ -15,6 +25,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from tessera.stream.batching.shard_needs import ShardNeed
+
+FIRST_FETCHES = 16  # fetches of the first window submitted by the constructor, at most
+
+
+def first_window(needs: Iterator[ShardNeed], window: int,
+                 limit: int) -> tuple[list[ShardNeed], Iterator[ShardNeed]]:
+    """The needs of the first `window` samples (up to `limit` of them), and the needs that follow."""
+    first: list[ShardNeed] = []
+    for need in needs:
+        if need.sample_index > window or len(first) == limit:
+            return first, itertools.chain([need], needs)
+        first.append(need)
+    return first, needs
 
 
 class Prefetcher:
@@ -42,8 +65,13 @@ class Prefetcher:
         # the room of an earlier one, which then evicted it again (downloaded twice). A shard's download is
         # itself parallel (ranged GETs), so one at a time still keeps the link busy.
         self._in_order = in_order
+        first: list[ShardNeed] = []
+        if not in_order:  # started now, before the reader's first step (see the module doc)
+            first, self._needs = first_window(needs, self._window, FIRST_FETCHES)
         self._pool = ThreadPoolExecutor(max_workers=1 if in_order else concurrency,
                                         thread_name_prefix="tessera-prefetch")
+        for need in first:
+            self._start(need, self._path_of(need.shard))
         if warm_up is not None:  # one-time set-up the reader needs later, done while the downloads run
             self._pool.submit(warm_up)
         self._thread = threading.Thread(target=self._run, name="tessera-prefetch-plan", daemon=True)
@@ -103,14 +131,21 @@ class Prefetcher:
                 if self._stopped:
                     return
                 path = self._path_of(need.shard)
-                self._next_need.setdefault(path, deque()).append(need.sample_index)
             future = self._futures.get(need.shard)
             if need.shard not in self._started or (future is None or future.done()) and not path.exists():
-                self._started.add(need.shard)  # first need, or needed again after its eviction
-                future = self._futures[need.shard] = self._pool.submit(self._fetch, need.shard, self.rank)
-                if self._in_order and not self._settle(need, future):
+                # first need, or needed again after its eviction
+                if self._in_order and not self._settle(need, self._start(need, path)):
                     return
+            else:
+                self._next_need.setdefault(path, deque()).append(need.sample_index)
             self._forget_done()
+
+    def _start(self, need: ShardNeed, path: Path) -> Future[Path | None]:
+        """Submit the fetch of `need`'s shard, noting the need for eviction ranks."""
+        self._next_need.setdefault(path, deque()).append(need.sample_index)
+        self._started.add(need.shard)
+        future = self._futures[need.shard] = self._pool.submit(self._fetch, need.shard, self.rank)
+        return future
 
     def _settle(self, need: ShardNeed, future: Future[Path | None]) -> bool:
         """In-order mode: wait for this fetch; while it finds no room under the cache limit, retry each time
