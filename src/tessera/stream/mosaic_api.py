@@ -24,8 +24,8 @@ from tessera.stream.world import World
 
 if TYPE_CHECKING:
     from tessera.shards.reader import ShardReader
+    from tessera.stream.batching.device_layout import DeviceLayout
     from tessera.stream.batching.epoch_plan import PlanConfig, RunPlan
-    from tessera.stream.dataset import StreamingDataset
     from tessera.stream.open_shards import OpenShards
     from tessera.stream.streams import LoadedStream
 
@@ -47,6 +47,9 @@ class MosaicDatasetAPI:
     if TYPE_CHECKING:
         def _reader(self, shard: int) -> ShardReader: ...
         def _fetch(self, shard: int) -> Path: ...
+        def _layout(self, world: World, group: int = 1) -> DeviceLayout: ...
+        def _locate(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+        def global_batch_size(self, world: World | None = None) -> int: ...
 
     # --- random access -------------------------------------------------------------------------------
     def __getitem__(self, at: Any) -> Any:
@@ -272,7 +275,7 @@ def clean_stale_shared_memory() -> None:
     dies, so nothing is ever stale. Provided so that code calling it runs unchanged; it does nothing."""
 
 
-def generate_work(batching_method: str, dataset: StreamingDataset, world: World, epoch: int,
+def generate_work(batching_method: str, dataset: MosaicDatasetAPI, world: World, epoch: int,
                   sample_in_epoch: int) -> np.ndarray:
     """MosaicML's `streaming.base.batching.generate_work`: the sample ids each DataLoader worker of `world`
     reads in `epoch`, from `sample_in_epoch` (counted over all ranks) on, shaped (nodes, ranks per node,
