@@ -2,7 +2,7 @@
 the HTTP API of real `tessera server start` replicas on PostgreSQL, with a team's history in the store.
 
     .venv/bin/python benchmarks/server_scale.py [--runs 10000] [--points 1000000] [--big-points 100000]
-        [--requests 300] [--clients 50] [--per-client 6] [--baseline OLD/src]
+        [--requests 300] [--clients 50] [--per-client 6] [--rate 10] [--baseline OLD/src]
 
 1. PostgreSQL from scripts/postgres-up.sh; team red and its user alice (`server admin create-user`).
 2. The history (server_scale_fill.py): `--runs` ended runs of 12 users on 3 clusters over 90 days, each with
@@ -20,7 +20,11 @@ the HTTP API of real `tessera server start` replicas on PostgreSQL, with a team'
        series     every page of hist-00000's metrics, to the end     (the whole 100,000, per series)
 4. `--clients` clients (asyncio, one keep-alive connection each; client k talks to replica k % 2) each
    submit `--per-client` runs (`true` on the local cluster) one after another, all clients at once: the
-   latency of each POST /runs, then how long until all of them ended.
+   latency of each POST /runs, then how long until all of them ended. Back to back, the clients keep the
+   replicas saturated: a submission waits for the ones ahead of it, so its latency is about clients /
+   throughput. Then the same again paced, at `--rate` runs per second in all (each client waits an
+   exponential time, clients / rate on average, after each answer): the latency of a submission when the
+   replicas keep up.
 
 `--baseline OLD/src`: today's single server instead (an older checkout's src/, `git worktree add OLD
 4c9037a`): one server with PostgreSQL for its accounts, the same history in its team's state.db (SQLite,
@@ -192,47 +196,54 @@ def ms(seconds: float) -> float:
     return round(1000 * seconds, 1)
 
 
-async def submit_all(urls: list[str], key: str, clients: int, per_client: int) -> tuple[list[float], list[str]]:
-    """Every client submits its runs one after another, all clients at once; (latencies, errors)."""
+async def submit_all(urls: list[str], key: str, args: argparse.Namespace, prefix: str, gap: float
+                     ) -> tuple[list[float], list[str]]:
+    """Every client submits its runs one after another, all clients at once, each `gap` seconds after its
+    previous answer on average (exponential; 0: at once); (latencies, errors)."""
     latencies: list[float] = []
     errors: list[str] = []
     gate = asyncio.Event()
 
     async def client(k: int) -> None:
+        rng = random.Random(k)
         async with httpx.AsyncClient(base_url=urls[k % len(urls)], timeout=120,
                                      headers={"Authorization": f"Bearer {key}"}) as api:
             await api.get("health")                # the connection is open before the clock starts
             await gate.wait()
-            for j in range(per_client):
-                spec = {"name": f"sub-{k:02d}-{j:02d}", "command": "true"}
+            for j in range(args.per_client):
+                if gap:
+                    await asyncio.sleep(rng.expovariate(1 / gap))
+                spec = {"name": f"{prefix}-{k:02d}-{j:02d}", "command": "true"}
                 started = time.perf_counter()
                 answer = await api.post("runs", json={"spec": spec, "cluster": "local"})
                 latencies.append(time.perf_counter() - started)
                 if answer.status_code != 201:
                     errors.append(f"{spec['name']}: {answer.status_code} {answer.text[:200]}")
 
-    tasks = [asyncio.create_task(client(k)) for k in range(clients)]
+    tasks = [asyncio.create_task(client(k)) for k in range(args.clients)]
     await asyncio.sleep(2.0)
     gate.set()
     await asyncio.gather(*tasks)
     return latencies, errors
 
 
-def submissions(urls: list[str], key: str, args: argparse.Namespace) -> dict[str, Any]:
+def submissions(urls: list[str], key: str, args: argparse.Namespace, prefix: str, rate: float) -> dict[str, Any]:
+    """`args.clients` clients submitting `args.per_client` runs each across `urls`: back to back (rate 0),
+    or at `rate` runs per second in all; then until every run ended."""
     started = time.monotonic()
-    latencies, errors = asyncio.run(submit_all(urls, key, args.clients, args.per_client))
+    latencies, errors = asyncio.run(submit_all(urls, key, args, prefix, args.clients / rate if rate else 0.0))
     submitted = time.monotonic() - started
     total = args.clients * args.per_client
     with httpx.Client(base_url=urls[-1], headers={"Authorization": f"Bearer {key}"}, timeout=120) as api:
         deadline = time.monotonic() + 900
         while True:
             page = api.get("runs", params={"user": "alice", "limit": 1000}).raise_for_status().json()
-            runs = [r for r in page.get("items", page.get("runs", [])) if r["name"].startswith("sub-")]
+            runs = [r for r in page.get("items", page.get("runs", [])) if r["name"].startswith(f"{prefix}-")]
             done = [r for r in runs if r["status"] in TERMINAL]
             if len(done) >= total - len(errors) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
-    return {**summary(latencies), "clients": args.clients, "replicas": len(urls), "submitted": total,
+    return {**summary(latencies), "clients": args.clients, "replicas": len(urls), "rate": rate, "submitted": total,
             "errors": len(errors), "first_error": errors[0] if errors else None, "submit_s": round(submitted, 2),
             "all_ended_s": round(time.monotonic() - started, 2),
             "completed": sum(r["status"] == "COMPLETED" for r in done), "ended": len(done)}
@@ -248,6 +259,8 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=5, help="reads of the big run's whole metrics")
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--per-client", type=int, default=6)
+    parser.add_argument("--rate", type=float, default=10.0,
+                        help="runs per second in all of a second, paced round of submissions (0: none)")
     parser.add_argument("--baseline", type=Path, default=None, help="the src/ of an older checkout (single server)")
     args = parser.parse_args()
     proc = server_proc()
@@ -273,7 +286,10 @@ def main() -> None:
             replica.wait_up()
         load.append(os.getloadavg()[0])
         figures = reads(replicas[0].url, key, args)
-        figures["submit"] = submissions([r.url for r in replicas], key, args)
+        urls = [r.url for r in replicas]
+        figures["submit"] = submissions(urls, key, args, "sub", 0.0)
+        if args.rate:
+            figures["paced"] = submissions(urls, key, args, "pace", args.rate)
         load.append(os.getloadavg()[0])
     finally:
         for replica in replicas:
@@ -298,11 +314,15 @@ def report(args: argparse.Namespace, filled: float, figures: dict[str, Any], loa
         row = figures[label]
         print(f"{label:<9} | {row['n']:>5} | {row.get('items', row.get('points', '')):>6} | {row['p50_ms']:>8} | "
               f"{row['p99_ms']:>8} | {row['max_ms']:>8}")
-    series, sub = figures["series"], figures["submit"]
+    series = figures["series"]
     print(f"metrics series: {series['pages']} pages, page p50 {series['page_p50_ms']} ms, p99 {series['page_p99_ms']} ms")
-    print(f"submit: {sub['submitted']} runs by {sub['clients']} clients over {sub['replicas']} replica(s): p50 "
-          f"{sub['p50_ms']} ms, p99 {sub['p99_ms']} ms, max {sub['max_ms']} ms, {sub['errors']} errors; all accepted "
-          f"in {sub['submit_s']} s, {sub['ended']} ended ({sub['completed']} completed) after {sub['all_ended_s']} s")
+    for sub in (figures["submit"], figures.get("paced")):
+        if sub:
+            pace = f"at {sub['rate']:g} runs/s" if sub["rate"] else "back to back"
+            print(f"submit {pace}: {sub['submitted']} runs by {sub['clients']} clients over {sub['replicas']} "
+                  f"replica(s): p50 {sub['p50_ms']} ms, p99 {sub['p99_ms']} ms, max {sub['max_ms']} ms, {sub['errors']} "
+                  f"errors; all answered in {sub['submit_s']} s, {sub['ended']} ended ({sub['completed']} "
+                  f"completed) after {sub['all_ended_s']} s")
     print(json.dumps({"benchmark": "server_scale", "code": code, "runs": args.runs, "points": args.points,
                       "big_points": args.big_points, "fill_s": round(filled, 1), "loadavg": load, **figures}))
 
