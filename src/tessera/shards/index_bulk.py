@@ -150,6 +150,7 @@ class _Walk:
 
     def finish(self) -> dict[str, Any]:
         if self.by_quotes and self.scanner.state == "inside":  # the last entry and the array's end
+            self.by_quotes = False   # by brackets now: what they cannot match is Irregular (the exact errors)
             self._rescan()
         if self.scanner.state != "after":
             raise Irregular('no "shards" array')
