@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql
 
 from tessera.platform.api.sdk import Platform
 from tessera.platform.store.db import MIGRATIONS, migrate, writing
-from tessera.platform.store.metric_points import read_points
+from tessera.platform.store.metric_points import points_query, read_points
 from tessera.platform.store.models import metrics, runs
 from tessera.platform.store.records import RunRecord, columns
 from tessera.platform.store.state import StateDB
@@ -84,17 +84,9 @@ def _points(engine: Engine) -> dict[str, list[int]]:
     return steps
 
 
-class _Kept(StateDB):
-    """A view that keeps the last query it ran (to EXPLAIN it)."""
-
-    def fetch(self, query: object) -> list[object]:
-        self.query = query
-        return super().fetch(query)
-
-
 def test_a_runs_points_are_read_in_the_order_of_its_index(engine: Engine) -> None:
     steps = _points(engine)
-    db = _Kept(engine, "red")
+    db = StateDB(engine, "red")
     for run_id in ("r00", "r07"):
         got, after = [], 0
         while True:
@@ -108,8 +100,8 @@ def test_a_runs_points_are_read_in_the_order_of_its_index(engine: Engine) -> Non
         with psycopg.connect(engine.url.render_as_string(hide_password=False).replace("+psycopg", ""),
                              autocommit=True) as pg:
             pg.execute("VACUUM ANALYZE metrics")   # the statistics under which the primary key looked cheaper
-        read_points(db, "r00", 0)
-        sql = str(db.query.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
+        query = points_query("red", "r00", 0, 10_000)
+        sql = str(query.compile(dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}))
         with engine.connect() as c:
             plan = "\n".join(c.execute(text(f"EXPLAIN {sql}")).scalars())
         assert "ix_metrics_run" in plan and "metrics_pkey" not in plan, plan
