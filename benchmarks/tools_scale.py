@@ -16,6 +16,7 @@ Every figure is one fresh child process (wall time, its peak RSS and its largest
 
     .venv/bin/python benchmarks/tools_scale.py                       # 488,894 shards, ~2 GB under /tmp
     .venv/bin/python benchmarks/tools_scale.py --shards 50000 --only inspect,verify-index
+    .venv/bin/python benchmarks/tools_scale.py --baseline /tmp/old   # `git archive OLD src | tar -x -C /tmp/old`
 
 Prints a table, then one JSON line with every figure. The data folder (--work, default a temp folder
 under /tmp) is removed at the end unless --keep.
@@ -96,9 +97,12 @@ def generate(work: Path, shards: int, parts: int) -> Path:
 # --- one figure per child process ----------------------------------------------------------------------------
 def child(spec: dict[str, Any]) -> dict[str, Any]:
     what, ds = spec["what"], Path(spec["ds"])
-    from tessera.shards.packed_index import packed_location
-
-    packed_location(ds / "index.json", beside=False).unlink(missing_ok=True)  # every run packs it
+    try:
+        from tessera.shards.packed_index import packed_location
+    except ImportError:  # --baseline: a tree from before the packed index
+        pass
+    else:
+        packed_location(ds / "index.json", beside=False).unlink(missing_ok=True)  # every run packs it
     t0 = time.perf_counter()
     out: dict[str, Any] = {}
     if what == "json-load":
@@ -152,6 +156,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(FIGURES))
     ap.add_argument("--work", default=None)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--baseline", default=None, help="a checkout of another commit: its src/ runs the figures")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -180,6 +185,8 @@ def main() -> None:
                     spec_url = upload_parts(ds, server)
                 spec["url"] = spec_url
                 env = server.env()
+            if args.baseline:
+                env = {**(env or {}), "PYTHONPATH": str(Path(args.baseline) / "src")}
             rows[what] = run_child(spec, env)
             print(f"  {what}: {rows[what]}", file=sys.stderr, flush=True)
     finally:
