@@ -40,6 +40,7 @@ from tessera.platform.runs.shipping import adopt_history
 from tessera.platform.secrets.vault import SecretStore
 from tessera.platform.spec.edits import cloned_spec, updated_scheduling
 from tessera.platform.spec.run_spec import RunSpec, validate_name
+from tessera.platform.store.audit import not_noting
 from tessera.platform.store.db import one_reader
 from tessera.platform.store.homes import LOCAL_TEAM, home_engine
 from tessera.platform.store.leases import lease_of
@@ -294,7 +295,8 @@ class Platform:
         `include_deleted`, its name free for a new run."""
         record = self._record(name)
         if record.status not in TERMINAL:
-            self.stop_run(name)
+            with not_noting():   # the delete's audit entry goes with the delete below, or not at all
+                self.stop_run(name)
             grace = RunSpec.model_validate(record.spec).scheduling.stop_grace
             try:
                 self.wait_for_run_status(name, TERMINAL, timeout=grace + STOP_MARGIN)

@@ -65,6 +65,18 @@ def noting(note: AuditNote) -> Iterator[AuditNote]:
         _note.reset(token)
 
 
+@contextmanager
+def not_noting() -> Iterator[None]:
+    """Within this block, no write carries the change's note: for the steps a change takes on its way
+    (a delete stops the run first) whose own writes must not stand for the change if it is then refused
+    (four racing deletes: each loser's stop request would otherwise have committed a 'delete' entry)."""
+    token = _note.set(None)
+    try:
+        yield
+    finally:
+        _note.reset(token)
+
+
 def _values(note: AuditNote) -> dict[str, object]:
     return {"target": note.target[:255], "detail": note.detail[:MAX_DETAIL]}
 
