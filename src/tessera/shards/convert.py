@@ -14,9 +14,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -30,11 +28,11 @@ from tessera.shards.convert_worker import ChunkJob, EncodedChunk, encode_chunk, 
 from tessera.shards.dataset import open_dataset_store
 from tessera.shards.index import ShardEntry
 from tessera.shards.inputs import is_url
+from tessera.shards.pool import spawn_without_main, start_method
 from tessera.shards.provenance import NotResumable, Segment, input_ids, merge_segments
 from tessera.shards.resume import check_resume
 from tessera.shards.sources import Chunk, SourceError, detect_format, infer_columns, plan_chunks, read_chunk
 from tessera.shards.writer import ShardWriter
-from tessera.storage.fork_gate import requests_made
 
 Progress = Callable[[int, int], None]  # (samples written so far, input chunks done)
 
@@ -78,56 +76,12 @@ HANDOVER_ROOT = "/dev/shm"  # tmpfs: chunk bodies cross from workers to the pare
 IN_FLIGHT_PER_WORKER = 2  # chunks queued or encoded ahead of the writer, per worker (bounds memory)
 
 
-@contextlib.contextmanager
-def _spawn_without_main() -> Iterator[None]:
-    """Start worker processes without re-importing the caller's main script.
-
-    Spawned children import the parent's `__main__` first; workers only run tessera code, and the
-    `tessera` CLI's script imports every command (torch included, seconds per worker). So while processes
-    start, `__main__` shows neither `__file__` nor `__spec__`, which is how spawn decides to skip it."""
-    main = sys.modules.get("__main__")
-    saved = {key: main.__dict__[key] for key in ("__file__", "__spec__") if main and key in main.__dict__}
-    try:
-        if main is not None:
-            main.__dict__.pop("__file__", None)
-            main.__dict__["__spec__"] = None
-        yield
-    finally:
-        if main is not None:
-            main.__dict__.pop("__spec__", None)
-            main.__dict__.update(saved)
-
-
 def _warm_up(fmt: str) -> None:
     """First task of each worker: the imports happen while the parent plans the input."""
     import tessera.shards.convert_worker  # noqa: F401
 
     if fmt == "parquet":
         import pyarrow.parquet  # noqa: F401
-
-
-def start_method() -> str:
-    """How worker processes start: "fork" when this process runs no other thread, else "spawn".
-
-    A forked worker is ready in milliseconds with everything imported; a spawned one needs about half a
-    second of CPU (interpreter, numpy, pyarrow), as long as encoding several chunks. Forking is only safe
-    while no other thread can hold a lock the child would need: `convert` forks before it starts its own
-    threads (the uploader), and only if the caller runs none (numpy and Arrow handle fork themselves).
-    From Python 3.12 on, native threads count too, as they do for its fork warning. Nor once this process
-    has made an object-store request (listing a bucket input): obstore's runtime would hang in the child."""
-    if "fork" not in mp.get_all_start_methods() or threading.active_count() > 1 or requests_made():
-        return "spawn"
-    if sys.version_info >= (3, 12) and _os_threads() != 1:
-        return "spawn"
-    return "fork"
-
-
-def _os_threads() -> int:
-    try:
-        with open("/proc/self/stat") as stat:
-            return int(stat.read().rpartition(")")[2].split()[17])
-    except (OSError, ValueError, IndexError):
-        return 0
 
 
 class ChunkPool:
@@ -147,7 +101,7 @@ class ChunkPool:
         if method == "fork":
             _warm_up(fmt)  # import once, before forking, rather than in every child
         self._pool = ProcessPoolExecutor(workers, mp_context=mp.get_context(method))
-        with _spawn_without_main():
+        with spawn_without_main():
             self._starting = [self._pool.submit(_warm_up, fmt) for _ in range(workers)]  # starts them now
 
     def _started(self) -> bool:
