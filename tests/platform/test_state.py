@@ -23,6 +23,7 @@ from tessera.platform.errors import RunExists
 from tessera.platform.secrets.vault import SecretStore
 from tessera.platform.store.audit import AuditNote, noting, page_entries, settle
 from tessera.platform.store.db import shared_engine, sqlite_url
+from tessera.platform.store.homes import import_home
 from tessera.platform.store.leases import Fence, StaleLease, acquire, lease_of, release, renew
 from tessera.platform.store.state import PENDING, RUNNING, RunRecord, StateDB, new_run_id
 
@@ -184,6 +185,20 @@ def test_an_old_home_arrives_whole_on_first_use_and_once(tmp_path: Path, monkeyp
     assert not (home / "secrets").exists()                      # imported, then removed
     assert (home / "state.db").read_bytes() == before            # the old file is left as it was
     assert StateDB.local(home).count_runs() == 120 and Platform(home).count_runs() == 120
+
+
+def test_an_imported_run_keeps_its_name_unless_a_live_run_of_the_team_has_it(tmp_path: Path) -> None:
+    """A name the team's live run has is taken: the old run is kept under the name plus its id; a deleted
+    run's name is free (the unique name is over live runs), so the old run keeps it."""
+    engine = shared_engine(sqlite_url(tmp_path / "team.db"))
+    db = StateDB(engine, "red")
+    for name in ("old-0001", "old-0002"):
+        db.insert_run(_record(name, tmp_path))
+    assert db.delete_run(db.get_run("old-0002").id, soft=True)
+    build_old_home(tmp_path / "home", 3)
+    assert import_home(engine, tmp_path / "home", "red") == 3
+    assert sorted(r.name for r in db.list_runs()) == ["old-0000", "old-0001", "old-0001-000000000001", "old-0002"]
+    assert db.count_runs(include_deleted=True) == 5
 
 
 def test_server_migrate_imports_every_team_of_an_old_server_home(tmp_path: Path,

@@ -110,7 +110,8 @@ def _insert(c: Connection, table: Table, rows: list[dict[str, Any]]) -> None:
 def _copy(old: sqlite3.Connection, c: Connection, team: str) -> int:
     ours = set(c.execute(select(runs.c.id).where(runs.c.team == team)).scalars())
     others = set(c.execute(select(runs.c.id).where(runs.c.team != team)).scalars())
-    taken_names = set(c.execute(select(runs.c.name).where(runs.c.team == team)).scalars())
+    # a deleted run's name is free (the unique name is over runs not deleted): only live runs' names are taken
+    taken_names = set(c.execute(select(runs.c.name).where(runs.c.team == team, runs.c.deleted.is_(None))).scalars())
     new_runs, ids = [], {}
     for row in _rows(old, "runs", "created, rowid"):
         if row["id"] in ours:                      # this run is in the team already
