@@ -315,14 +315,12 @@ class DatasetIndex:
         that report every problem of a dataset rather than stop at the first; a file listed twice is
         refused in both modes, at its second entry.
         """
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as err:  # the line and column, and the line with a caret under it
-            raise with_excerpt(IndexNotJSON(file, json_problem(err)).at(err), json_excerpt(err)) from None
-        except UnicodeDecodeError as err:
-            raise IndexFormatError(file, f"not valid JSON ({err})") from None
-        except RecursionError:
-            raise IndexFormatError(file, "JSON nested too deeply to be an index (refused)") from None
+        return cls.from_obj(parse_json(text, file), file, strict=strict)
+
+    @classmethod
+    def from_obj(cls, obj: Any, file: str, *, strict: bool = True) -> DatasetIndex:
+        """`from_json` of index.json already parsed (`parse_json`): for a caller that keeps the parsed
+        entries too (merge.py), so the text is parsed once."""
         if not isinstance(obj, dict) or not isinstance(obj.get("shards"), list):
             raise IndexFormatError(file, 'expected an object with a "shards" list')
         if obj.get("version") != 2:
@@ -338,6 +336,19 @@ class DatasetIndex:
         if problems:
             raise problems[0]
         return index
+
+
+def parse_json(text: str | bytes, file: str) -> Any:
+    """index.json's text parsed, or the IndexFormatError `from_json` raises for text that does not parse."""
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as err:  # the line and column, and the line with a caret under it
+        raise with_excerpt(IndexNotJSON(file, json_problem(err)).at(err), json_excerpt(err)) from None
+    except UnicodeDecodeError as err:
+        raise IndexFormatError(file, f"not valid JSON ({err})") from None
+    except RecursionError:
+        raise IndexFormatError(file, "JSON nested too deeply to be an index (refused)") from None
+    return obj
 
 
 def _claim_files(entry: ShardEntry, shard: int, owner: dict[str, int], file: str) -> ShardEntry:

@@ -26,18 +26,19 @@ from typing import Any
 
 from tessera.shards.errors import DatasetNotFound, IndexFormatError
 from tessera.shards.index import (
+    _FILE_KEYS,
     INDEX_BASENAME,
     DatasetIndex,
     FileInfo,
     check_basename,
     check_total_samples,
+    parse_json,
     shard_key,
 )
 from tessera.shards.pool import ordered_map
 from tessera.storage import NotFound, RetryPolicy, Store, open_store
 
 Part = str | os.PathLike[str] | tuple[str, str]
-_FILE_KEYS = ("raw_data", "zip_data", "raw_meta", "zip_meta")
 FETCHES = 16  # part indexes fetched at once
 
 
@@ -149,4 +150,7 @@ def _get_part(store: Store) -> bytes:
 
 
 def _parse_part(store: Store, raw: bytes) -> tuple[DatasetIndex, list[dict[str, Any]]]:
-    return DatasetIndex.from_json(raw, store.url_for(INDEX_BASENAME)), json.loads(raw)["shards"]
+    """The part's index, validated, and the entries it was made from (the text parsed once)."""
+    label = store.url_for(INDEX_BASENAME)
+    obj = parse_json(raw, label)
+    return DatasetIndex.from_obj(obj, label), obj["shards"]
