@@ -35,10 +35,6 @@ class AuditLog:
             yield note
         settle(self.engine, note)
 
-    def entries(self, team: str | None, limit: int = 100) -> list[AuditRecord]:
-        """Newest first; `team=None` is every team's (for an admin)."""
-        return page_entries(self.engine, team, limit=limit)[0]
-
     def page(self, team: str | None, *, user: str | None = None, action: str | None = None,
              target: str | None = None, cursor: str | None = None, limit: int = 50) -> Page[AuditRecord]:
         """A page of entries newest first, filtered (store/audit.py's page_entries)."""
