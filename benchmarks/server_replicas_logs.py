@@ -24,20 +24,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 from cryptography.fernet import Fernet
 from server_api import server_proc  # the test suite's server driver, loaded once
-
-from tessera.platform.clusters.local import free_port
 
 PRINTER = """
 import random, sys, time
@@ -49,36 +46,17 @@ for i in range(lines):
 """
 
 
-class Replica:
-    def __init__(self, name: str, folder: Path, args: list[str], env: dict[str, str]) -> None:
-        self.name, self.port, self.log = name, free_port(), folder / f"replica-{name}.log"
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(
-                [*server_proc().SERVER_CLI, "start", "--host", "127.0.0.1", "--port", str(self.port),
-                 "--home", str(folder / f"home-{name}"), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
-                start_new_session=True)
-        self.url = f"http://127.0.0.1:{self.port}/api/v1/"
+def replica(folder: Path, name: str, env: dict[str, str], db: str, args: list[str]) -> Any:
+    """One replica, not started yet: the test suite's ServerProcess (tests/server/server_proc.py) with a
+    private home in `folder`, the shared database `db`, `args` more options and uvicorn's warnings only (no
+    line per request). `start()` starts it on a free port and waits for /health; again after a kill."""
+    return server_proc().ServerProcess(folder, folder / f"home-{name}", env, db=db,
+                                       args=[*args, "--log-level", "warning"])
 
-    def wait_up(self, timeout: float = 90.0) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                answer = httpx.get(self.url + "health", timeout=2)
-                if answer.status_code == 200:
-                    return str(answer.json().get("replica"))
-            except httpx.TransportError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"replica {self.name} did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.1)
 
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, 15)
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, 9)
+def replica_id(server: Any) -> str | None:
+    """The replica id /health names (None from an older single server, which names none)."""
+    return httpx.get(f"{server.url}/api/v1/health", timeout=10).raise_for_status().json().get("replica")
 
 
 def follow(url: str, key: str, name: str) -> list[float]:
@@ -121,38 +99,37 @@ def main() -> None:
     if args.baseline:
         env["PYTHONPATH"] = str(args.baseline.resolve())
         args.single = True
-    replicas: list[Replica] = []
+    replicas: list[Any] = []
     try:
-        made = subprocess.run([*proc.SERVER_CLI, "admin", "create-user", "alice", "--team", "red", "--db", db],
-                              capture_output=True, text=True, env=env, timeout=120, check=True)
-        key = made.stdout.strip()
-        serve = ["--db", db, *([] if args.baseline else ["--artifacts", str(folder / "artifacts")]),
-                 "--log-level", "warning"]
-        replicas = [Replica(n, folder, serve, env) for n in ("a" if args.single else "ab")]
-        ids = [r.wait_up() for r in replicas]
+        serve = [] if args.baseline else ["--artifacts", str(folder / "artifacts")]
+        replicas = [replica(folder, n, env, db, serve) for n in ("a" if args.single else "ab")]
+        replicas[0].add_users({"alice": "red"})
+        for server in replicas:
+            server.start()
+        ids = [replica_id(r) for r in replicas]
         script = folder / "printer.py"
         script.write_text(PRINTER)
-        with httpx.Client(base_url=replicas[0].url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as a:
+        with replicas[0].client("alice") as a:
             a.post("runs", json={"spec": {"name": "ticker", "command": f"{sys.executable} {script} {args.lines} "
                                           f"{args.interval}"}}).raise_for_status()
-            latencies = follow(replicas[-1].url, key, "ticker")
+            latencies = follow(f"{replicas[-1].url}/api/v1/", replicas[0].keys["alice"], "ticker")
             described = a.get("runs/ticker").raise_for_status().json()
         supervisor = (described.get("supervisor") or {}).get("replica")
         figures = {"code": str(args.baseline or "this checkout"), "db": args.db, "lines": len(latencies), "expected": args.lines, "interval_s": args.interval,
                    "poll_s": args.poll, "status": described["status"],
-                   "replicas": len(replicas), "followed_through": replicas[-1].name,
+                   "replicas": len(replicas), "followed_through": "ab"[len(replicas) - 1],
                    "supervised_by": "ab"[ids.index(supervisor)] if supervisor in ids else supervisor,
                    "p50_ms": round(1000 * statistics.median(latencies), 1),
                    "p99_ms": round(1000 * percentile(latencies, 99), 1),
                    "max_ms": round(1000 * max(latencies), 1), "min_ms": round(1000 * min(latencies), 1)}
-        print(f"{figures['lines']}/{args.lines} lines followed through replica {replicas[-1].name} ({args.db}), "
+        print(f"{figures['lines']}/{args.lines} lines followed through replica {figures['followed_through']} ({args.db}), "
               f"run submitted to a, "
               f"supervised by {figures['supervised_by']}: p50 {figures['p50_ms']} ms, p99 {figures['p99_ms']} "
               f"ms, max {figures['max_ms']} ms")
         print(json.dumps(figures))
     finally:
-        for replica in replicas:
-            replica.stop()
+        for server in replicas:
+            server.stop()
         if postgres:
             postgres.stop()
         shutil.rmtree(folder, ignore_errors=True)

@@ -54,7 +54,7 @@ import httpx
 import psycopg
 from cryptography.fernet import Fernet
 from server_api import server_proc  # the test suite's server driver, loaded once
-from server_replicas_logs import Replica, percentile
+from server_replicas_logs import percentile, replica
 from server_scale_fill import history, points
 from sqlalchemy import insert
 
@@ -271,29 +271,27 @@ def main() -> None:
     if args.baseline:
         args.baseline = args.baseline.resolve()
         env["PYTHONPATH"] = str(args.baseline)
-    replicas: list[Replica] = []
+    replicas: list[Any] = []
     load = [os.getloadavg()[0]]
     try:
-        key = subprocess.run([*proc.SERVER_CLI, "admin", "create-user", "alice", "--team", "red", "--db", postgres.url,
-                              "--home", str(folder / "home-a")], capture_output=True, text=True, env=env, timeout=120,
-                             check=True).stdout.strip()
+        serve = [] if args.baseline else ["--artifacts", str(folder / "artifacts")]
+        replicas = [replica(folder, n, env, postgres.url, serve) for n in ("a" if args.baseline else "ab")]
+        replicas[0].add_users({"alice": "red"})
+        key = replicas[0].keys["alice"]
         filled = (fill_baseline(args.baseline, folder / "home-a" / "teams" / "red", args.runs, args.big_points, env)
                   if args.baseline else fill_store(postgres.url, args.runs, args.points, args.big_points))
-        serve = ["--db", postgres.url, "--log-level", "warning",
-                 *([] if args.baseline else ["--artifacts", str(folder / "artifacts")])]
-        replicas = [Replica(n, folder, serve, env) for n in ("a" if args.baseline else "ab")]
-        for replica in replicas:
-            replica.wait_up()
+        for server in replicas:
+            server.start()
         load.append(os.getloadavg()[0])
-        figures = reads(replicas[0].url, key, args)
-        urls = [r.url for r in replicas]
+        urls = [f"{r.url}/api/v1/" for r in replicas]
+        figures = reads(urls[0], key, args)
         figures["submit"] = submissions(urls, key, args, "sub", 0.0)
         if args.rate:
             figures["paced"] = submissions(urls, key, args, "pace", args.rate)
         load.append(os.getloadavg()[0])
     finally:
-        for replica in replicas:
-            replica.stop()
+        for server in replicas:
+            server.stop()
         if args.baseline:
             subprocess.run([sys.executable, "-c", "import sys; from tessera.platform.supervision.supervisor import "
                             "stop_supervisor; stop_supervisor(sys.argv[1])", str(folder / "home-a" / "teams" / "red")],

@@ -27,12 +27,12 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import httpx
 import psycopg
 from cryptography.fernet import Fernet
 from server_api import server_proc  # the test suite's server driver, loaded once
-from server_replicas_logs import Replica, percentile
+from server_replicas_logs import percentile, replica, replica_id
 
 
 def sql(url: str, query: str) -> list[tuple]:  # type: ignore[type-arg]
@@ -52,7 +52,7 @@ def wait_owned(url: str, ids: set[str], owner: str, timeout: float = 120.0) -> N
         time.sleep(0.1)
 
 
-def takeover_round(url: str, ids: set[str], killed: Replica, survivor_id: str) -> list[float]:
+def takeover_round(url: str, ids: set[str], killed: Any, survivor_id: str) -> list[float]:
     """Kill `killed`'s process group; seconds until each run's lease names the survivor."""
     start = time.monotonic()
     os.killpg(killed.process.pid, 9)
@@ -81,30 +81,26 @@ def main() -> None:
     postgres = proc.start_postgres()
     env = {**proc.server_env(folder), "TESSERA_SECRET_KEY": Fernet.generate_key().decode(),
            "TESSERA_SUPERVISOR_POLL": str(args.poll)}
-    replica_args = ["--db", postgres.url, "--artifacts", str(folder / "artifacts"), "--lease-seconds", str(args.lease)]
-    replicas: list[Replica] = []
+    replica_args = ["--artifacts", str(folder / "artifacts"), "--lease-seconds", str(args.lease)]
+    replicas: list[Any] = []
     latencies: list[float] = []
     try:
-        key = proc.ServerProcess(folder, folder / "admin-home", env, db=postgres.url).admin(
-            "create-user", "alice", "--team", "red").communicate(timeout=120)[0].strip()
-        holder = Replica("a", folder, replica_args, env)
-        replicas.append(holder)
-        holder_id = holder.wait_up()
-        with httpx.Client(base_url=holder.url, headers={"Authorization": f"Bearer {key}"}, timeout=60) as api:
+        holder, other = replicas = [replica(folder, n, env, postgres.url, replica_args) for n in "ab"]
+        holder.add_users({"alice": "red"})
+        holder.start()
+        with holder.client("alice") as api:
             runs = {api.post("runs", json={"spec": {"name": f"long-{i:03d}", "command": "sleep 3600"}})
                     .raise_for_status().json()["id"] for i in range(args.runs)}
-        wait_owned(postgres.url, runs, holder_id)
-        other = Replica("b", folder, replica_args, env)
-        replicas.append(other)
-        other_id = other.wait_up()
+        wait_owned(postgres.url, runs, replica_id(holder))
+        other.start()
+        other_id = replica_id(other)
         for _ in range(args.rounds):
             latencies += takeover_round(postgres.url, runs, holder, other_id)
-            restarted = Replica(holder.name, folder, replica_args, env)     # a new replica id
-            replicas.append(restarted)
-            holder, holder_id, other, other_id = other, other_id, restarted, restarted.wait_up()
+            holder.start()     # again, on its home: a new process, a new replica id
+            holder, other, other_id = other, holder, replica_id(holder)
     finally:
-        for replica in replicas:
-            replica.stop()
+        for server in replicas:
+            server.stop()
         for (handle,) in sql(postgres.url, "SELECT handle FROM resumptions WHERE handle IS NOT NULL"):
             with contextlib.suppress(ProcessLookupError):   # the runs' launchers outlive the replicas
                 os.killpg(json.loads(handle)["pid"], 9)

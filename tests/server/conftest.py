@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,14 +69,16 @@ class LiveServer:
                 time.sleep(0.1)
 
 
-def start_server(folder: Path, home: Path, env: dict[str, str]) -> tuple[str, subprocess.Popen[bytes], Path]:
-    """Start `tessera server start` and wait until /api/v1/health answers."""
+def start_server(folder: Path, home: Path, env: dict[str, str],
+                 args: Sequence[str] = ()) -> tuple[str, subprocess.Popen[bytes], Path]:
+    """Start `tessera server start` and wait until /api/v1/health answers. `args` go after the defaults
+    (`--artifacts`, `--lease-seconds`; a second `--log-level` wins over this one)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = folder / f"server-{port}.log"
     with open(log, "wb") as out:
         process = subprocess.Popen([*SERVER_CLI, "start", "--port", str(port), "--log-level", "info",
-                                    "--home", str(home)], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                    "--home", str(home), *args], stdout=out, stderr=subprocess.STDOUT, env=env,
                                    start_new_session=True)
     deadline = time.monotonic() + START_TIMEOUT
     while True:

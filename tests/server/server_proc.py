@@ -1,5 +1,6 @@
 """A real `tessera server start` subprocess on any database, and a throwaway PostgreSQL to give it, for
-tests/server/test_postgres_server.py, test_load.py and benchmarks/server_api.py.
+tests/server/test_postgres_server.py, test_load.py and the server benchmarks (server_api.py, and the
+replicas of server_scale.py, server_takeover.py and server_replicas_logs.py).
 
 conftest.py's `server` fixture is one server on SQLite per module; these need a server started again on
 the same home and database (persistence), another database, and the same thing outside pytest (the
@@ -59,6 +60,7 @@ class ServerProcess:
     process: subprocess.Popen[bytes] | None = None
     log: Path | None = None
     keys: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)   # more of `server start`'s options (conftest.start_server)
 
     def _db_args(self) -> list[str]:
         return ["--home", str(self.home), *(["--db", self.db] if self.db else [])]
@@ -67,7 +69,7 @@ class ServerProcess:
         """Start the server on a free port and wait until /api/v1/health answers. The database is given
         as $TESSERA_DB_URL (the admin commands pass the same URL as --db: both ways must agree)."""
         env = {**self.env, **({"TESSERA_DB_URL": self.db} if self.db else {})}
-        self.url, self.process, self.log = _conftest.start_server(self.folder, self.home, env)
+        self.url, self.process, self.log = _conftest.start_server(self.folder, self.home, env, self.args)
 
     def stop(self) -> None:
         """SIGTERM to the server's process group (uvicorn shuts down cleanly), SIGKILL after 10 s."""
