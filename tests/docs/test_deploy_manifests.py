@@ -1,8 +1,7 @@
 """deploy/ and docs/deploy.md, checked without a cluster or a network: the Kubernetes manifests against
 the Kubernetes JSON schemas (kubernetes-validate ships them in its wheel), the probes, where secrets come
 from, the systemd unit's keys, and every `tessera` command and variable the deployment names against the
-real CLI and source. A name the issue 23 design has but the code does not yet is listed in NOT_BUILT:
-the test that meets it fails, saying so, until it exists."""
+real CLI and source."""
 
 from __future__ import annotations
 
@@ -32,9 +31,6 @@ K8S_VERSIONS = ("1.29", "1.37")   # the oldest Kubernetes the manifests claim, a
 HEALTH = "/api/v1/health"
 SECRET_VARIABLES = {"TESSERA_DB_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "TESSERA_SECRET_KEY"}
 PLACEHOLDERS = ("CHANGE_ME", "PASSWORD", "...")
-# Designed in issue 23 ("Shared artifacts"), not built when deploy/ was written.
-NOT_BUILT_OPTIONS: dict[tuple[str, ...], set[str]] = {}   # every option the design names is built now
-NOT_BUILT_VARIABLES: set[str] = set()
 
 
 def manifests() -> list[tuple[str, dict]]:
@@ -296,8 +292,7 @@ def test_the_deployment_names_real_tessera_options() -> None:
     commands = deployment_commands()
     assert len(commands) >= 20 and ["server", "start"] == commands[-1][:2]
     missing = sorted({m for cmd in commands for m in unknown_options(cmd)})
-    designed = [m for m in missing if m.rsplit(" ", 1)[-1] in NOT_BUILT_OPTIONS.get(tuple(m.split()[:-1]), ())]
-    assert missing == [], (f"not in the CLI: {missing}; of them designed in issue 23 but not built yet: {designed}")
+    assert missing == [], f"not in the CLI: {missing}"
 
 
 def test_the_deployment_names_variables_tessera_reads() -> None:
@@ -306,5 +301,4 @@ def test_the_deployment_names_variables_tessera_reads() -> None:
     named = {name for text in texts for name in re.findall(r"\b(?:TESSERA|AWS|S3)_[A-Z0-9_]*[A-Z0-9]\b", text)}
     assert SECRET_VARIABLES | {"TESSERA_SECRET_KEY_FILE", "AWS_REGION", "S3_ENDPOINT_URL"} <= named
     unread = sorted(name for name in named if f'"{name}"' not in source)
-    assert unread == [], (f"no Tessera code reads {unread}; of them designed in issue 23 but not built yet: "
-                          f"{sorted(NOT_BUILT_VARIABLES & set(unread))}")
+    assert unread == [], f"no Tessera code reads {unread}"
