@@ -292,9 +292,11 @@ def test_a_replica_with_another_secrets_key_refuses_to_start(pair: Pair, postgre
     assert "is not the key of this store's secrets" in line and other not in line
 
 
-def test_a_run_whose_processes_died_with_their_replica_resumes_saying_so(tmp_path: Path) -> None:
+@pytest.mark.parametrize("host", ["here", "elsewhere"])
+def test_a_run_whose_processes_died_with_their_replica_resumes_saying_so(tmp_path: Path, host: str) -> None:
     """In process, on SQLite: replica 'ghost' held the lease of a RUNNING run and died with the run's
-    processes (the handle's pid is dead, with no exit file). Once the lease has expired, the next pass of
+    processes (the handle's pid is dead, with no exit file), on this host or on another one this replica
+    cannot reach (its local processes are not asked about). Once the lease has expired, the next pass of
     another replica ends that resumption as lost and starts the next one, whose cause names the ghost."""
     home = tmp_path / "home"
     platform = Platform(home, supervise=lambda: None)
@@ -302,11 +304,12 @@ def test_a_run_whose_processes_died_with_their_replica_resumes_saying_so(tmp_pat
     folder = Path(run.folder) / "r0"
     folder.mkdir(parents=True)
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
-    handle = {"job_id": "lost", "pid": pid_max + 1, "ticks": 0, "folder": str(folder), "nodes": [hostname()],
+    nodes = [hostname()] if host == "here" else ["elsewhere"]
+    handle = {"job_id": "lost", "pid": pid_max + 1, "ticks": 0, "folder": str(folder), "nodes": nodes,
               "boot_id": boot_id()}
     now = time.time()
     platform.db.add_resumption(ResumptionRecord(run.id, 0, "local", "submitted", "RUNNING", str(folder), now - 5,
-                                                job_id="lost", handle=handle, nodes=[hostname()], start=now - 5))
+                                                job_id="lost", handle=handle, nodes=nodes, start=now - 5))
     platform.db.update_run(run.id, status="RUNNING")
     with platform.db.engine.begin() as c:
         c.execute(insert(run_leases).values(run_id=run.id, owner="ghost", token=4, heartbeat=now - 60,
@@ -320,6 +323,8 @@ def test_a_run_whose_processes_died_with_their_replica_resumes_saying_so(tmp_pat
         time.sleep(0.1)
     lost, resumed = platform.get_run("orphan").resumptions
     assert (lost.status, lost.outcome, resumed.status) == ("LOST", "supervisor_lost", "COMPLETED")
+    assert lost.detail == ("the processes ended with their supervisor, replica ghost" if host == "here" else
+                           "the processes ran where replica b cannot reach them (host elsewhere)")
     assert resumed.cause == "its supervisor, replica ghost, was lost; resumed from the last checkpoint"
     assert platform.get_run("orphan").retries_used == 0 and lease_of(platform.db.engine, run.id)[0] == "b"
     supervision.tick()                                         # the next pass releases the ended run's lease

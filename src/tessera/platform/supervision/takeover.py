@@ -40,7 +40,8 @@ def take_over(ctx: SupervisorContext, run: RunRecord, previous: str) -> RunRecor
         ctx.db.add_event(run.id, "takeover", was)
         ctx.log(f"run {run.name}: {was}")
         return run
-    if reachable(ctx, res):
+    here = reachable(ctx, res)
+    if here:
         state = ctx.backend(res.cluster).status(dict(res.handle or {})).state
         if state is not JobState.LOST:
             ctx.db.add_event(run.id, "takeover", f"{was}; reattached to job {res.job_id} ({state.value})")
@@ -51,7 +52,7 @@ def take_over(ctx: SupervisorContext, run: RunRecord, previous: str) -> RunRecor
     cause = f"its supervisor, replica {previous}, was lost; resumed from the last checkpoint"
     ctx.db.update_resumption(run.id, res.idx, status=JobState.LOST.value, end=now, start=res.start or now,
                              outcome=LOST, detail=f"the processes ended with their supervisor, replica {previous}"
-                             if reachable(ctx, res) else f"the processes ran where replica {ctx.replica} "
+                             if here else f"the processes ran where replica {ctx.replica} "
                              f"cannot reach them (host {', '.join(res.nodes) or '?'})")
     ctx.db.update_run(run.id, status=PENDING, next_cause=cause, not_before=None)
     ctx.db.add_event(run.id, "takeover", f"{was}; resumption {res.idx} was lost with it, resuming")
