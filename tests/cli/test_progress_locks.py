@@ -1,8 +1,8 @@
 """Issue 26, points 5 and 6: progress of long work in a log, and no lock a killed process leaves behind.
 
 Progress: without a terminal (a log file, CI), `tessera.progress` prints plain lines, no control codes,
-from the real commands that use it (`data convert`, a model download from a bucket folder, a checkpoint
-load, `llm export`). Locks: every lock file Tessera takes is an flock; a real process takes each one
+checked here through two real commands that use it, `data convert` (items) and a checkpoint load (bytes);
+a model download from a bucket folder and `llm export`'s upload use the same WorkProgress, untested here. Locks: every lock file Tessera takes is an flock; a real process takes each one
 through the code that takes it in Tessera and is killed with SIGKILL while holding it; the next
 command then goes through at once (a non-blocking attempt succeeds, and the real code path runs).
 """
@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
+from tessera.platform import Platform
 from tessera.progress import WorkProgress, human_bytes, plain_line
 
 CONTROL = re.compile(r"\x1b|\r")   # ANSI escapes or carriage returns: what a bar leaves in a log
@@ -229,7 +230,7 @@ with open(os.environ["TESSERA_METRICS"], "a") as f:
 """
 
 
-def test_run_metrics_plot_draws_the_loss_and_lr_curves_of_a_real_run(tmp_path: Path,
+def test_run_metrics_plot_draws_the_loss_and_lr_curves_of_a_real_run(platform: Platform, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """A run on the local cluster reports 30 steps; `tessera run metrics NAME --plot` in a pipe draws both
     charts as plain text (no colour codes), the table and --json give the same rows."""
@@ -237,27 +238,16 @@ def test_run_metrics_plot_draws_the_loss_and_lr_curves_of_a_real_run(tmp_path: P
     import time
 
     from tessera.cli.main import app
-    from tessera.platform import Platform
-    from tessera.platform.supervision.supervisor import stop_supervisor
 
-    home = tmp_path / "home"
-    for name, value in (("TESSERA_HOME", str(home)), ("TESSERA_SUPERVISOR_POLL", "0.2"), ("COLUMNS", "100")):
-        monkeypatch.setenv(name, value)
-    for name in ("TESSERA_API_URL", "TESSERA_API_KEY"):
-        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("COLUMNS", "100")
     script = tmp_path / "curves.py"
     script.write_text(CURVES)
-    platform = Platform(home)
-    try:
-        platform.create_run({"name": "curves", "command": f"{sys.executable} {script}",
-                             "compute": {"cluster": "local", "procs_per_node": 1}})
-        platform.wait_for_run_status("curves", "COMPLETED", timeout=60)
-        deadline = time.monotonic() + 30
-        while len(platform.run_metrics("curves")[0]) < 30 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        stop_supervisor(home)
-        platform.close()
+    platform.create_run({"name": "curves", "command": f"{sys.executable} {script}",
+                         "compute": {"cluster": "local", "procs_per_node": 1}})
+    platform.wait_for_run_status("curves", "COMPLETED", timeout=60)
+    deadline = time.monotonic() + 30
+    while len(platform.run_metrics("curves")[0]) < 30 and time.monotonic() < deadline:
+        time.sleep(0.1)
     runner = CliRunner()
     drawn = runner.invoke(app, ["run", "metrics", "curves", "--plot"])
     assert drawn.exit_code == 0, drawn.output
