@@ -7,7 +7,7 @@ storage/state_folder.py; for a local dataset, whose folder is never written to, 
 dir: `packed_location`, where those of the `KEEP_PACKED` local datasets used last are kept, and none
 whose index.json is gone):
 
-    prefix: magic, header length, file length, xxh3_64 of everything after the prefix
+    prefix: magic, header length, xxh3_64 of everything after the prefix (storage/array_file.py)
     header: JSON (format, the index's size, stat and xxh64, shard count, layouts, top-level keys, sections)
     sections (64-byte aligned): per shard `samples`, `sample_base` (their running sum), `layout`, and per
     file kind (raw_data, zip_data, raw_meta, zip_meta) its `bytes`, `basename` and digests
@@ -32,11 +32,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import mmap
 import os
-import shutil
 import struct
 import tempfile
 from collections import OrderedDict
@@ -51,19 +51,16 @@ from tessera.shards.errors import IndexFormatError
 from tessera.shards.index import _FILE_KEYS, DatasetIndex, FileInfo, ShardEntry
 from tessera.shards.index_bulk import scan
 from tessera.shards.index_template import Block, Irregular, Template, value_fields
-from tessera.storage.array_file import file_digest
-from tessera.storage.local import temp_path_for
+from tessera.storage.array_file import aligned, copied, open_checked, write_sections
 from tessera.storage.locks import flocked
 from tessera.storage.state_folder import state_folder
 from tessera.storage.temp_folders import node_root, prune, touch
 
-MAGIC = b"TSPACK01"
+MAGIC = b"TSPACK02"  # 02: storage/array_file.py's prefix (no file length: the checksum covers it)
 FORMAT = 2  # 2: the first shard of each layout in the header; entries read with pread
 PACKED_NAME = "index.packed"
 SOURCE_NAME = "source"  # beside a packed index under the temp dir: the path of its index.json
 KEEP_PACKED = 32  # packed indexes of local datasets kept under the temp dir (the most recently used)
-_PREFIX = struct.Struct("<8sQQQ")  # magic, header length, file length, xxh3_64 of bytes after the prefix
-_ALIGN = 64
 _READ = 1 << 20
 _BLOCK = 16384  # entries per block when packing from parsed entries
 _CACHED_ENTRIES = 4096
@@ -146,27 +143,14 @@ class _Writer:
         for name, file, dtype, shape in sections:
             size = file.seek(0, os.SEEK_END)
             table[name] = [at, size, dtype, shape]
-            at += -(-size // _ALIGN) * _ALIGN
+            at += aligned(size)
         head = json.dumps({**header, "format": FORMAT, "shards": self.rows, "sections": table, "strings": strings,
                            "layouts": [entry.to_json() for entry in self.layouts],
                            "firsts": [self.firsts.get(k, 0) for k in range(len(self.layouts))]}).encode()
-        start = -(-(_PREFIX.size + len(head)) // _ALIGN) * _ALIGN
-        tmp = temp_path_for(dest)
+        copies = [(table[name][0], copied(file)) for name, file, _, _ in sections]
         try:
-            with open(tmp, "w+b") as out:
-                out.write(b"\0" * _PREFIX.size + head)
-                for name, file, _, _ in sections:
-                    out.seek(start + table[name][0])
-                    file.seek(0)
-                    shutil.copyfileobj(file, out, _READ)
-                out.truncate(start + at)
-                out.seek(_PREFIX.size)
-                digest = file_digest(out)
-                out.seek(0)
-                out.write(_PREFIX.pack(MAGIC, len(head), start + at, digest))
-            os.replace(tmp, dest)
+            write_sections(dest, MAGIC, head, copies, at)
         finally:
-            tmp.unlink(missing_ok=True)
             for _, file, _, _ in sections:
                 file.close()
 
@@ -253,7 +237,6 @@ class PackedIndex(Sequence[ShardEntry]):
         self.samples = self.array("samples")
         self.sample_base = self.array("sample_base")
         self._entries: OrderedDict[int, ShardEntry] = OrderedDict()
-        self._largest: int | None = None
 
     @property
     def layout_ids(self) -> np.ndarray:
@@ -270,15 +253,11 @@ class PackedIndex(Sequence[ShardEntry]):
         """Bytes of file kind `key` ("raw_data", "zip_data", ...) per shard, -1 where a shard has none."""
         return self.array(f"{key}.bytes") if f"{key}.bytes" in self._sections else None
 
-    @property
+    @functools.cached_property
     def largest_shard(self) -> int:
         """The most bytes one shard takes in a cache (raw + compressed, while it is decompressed)."""
-        if self._largest is None:
-            total = self.bytes_of("raw_data")
-            zipped = self.bytes_of("zip_data")
-            sizes = total if zipped is None else total + np.maximum(zipped, 0)
-            self._largest = int(sizes.max(initial=0))
-        return self._largest
+        total, zipped = self.bytes_of("raw_data"), self.bytes_of("zip_data")
+        return int((total if zipped is None else total + np.maximum(zipped, 0)).max(initial=0))
 
     def _read(self, name: str, at: int, size: int) -> bytes:
         """`size` bytes of section `name` from byte `at`, read with pread: the values of one entry are
@@ -375,26 +354,18 @@ def _index_gone(folder: Path) -> bool:
 
 def _load(path: Path, st: os.stat_result, index: Path, label: str) -> PackedIndex | None:
     """The packed file at `path` if it is whole and describes index.json as `st` says it is now."""
-    try:
-        file = open(path, "rb")  # noqa: SIM115 - closed below; the mapping outlives it
-    except OSError:
+    opened = open_checked(path, MAGIC)
+    if opened is None:
         return None
-    with file:
-        prefix = file.read(_PREFIX.size)
-        if len(prefix) != _PREFIX.size:
-            return None
-        magic, head_len, length, digest = _PREFIX.unpack(prefix)
-        if magic != MAGIC or os.fstat(file.fileno()).st_size != length or file_digest(file) != digest:
-            return None
-        file.seek(_PREFIX.size)
+    file, head, start = opened
+    with file:  # (the mapping outlives it)
         try:
-            header = json.loads(file.read(head_len))
+            header = json.loads(head)
         except ValueError:
             return None
         if header.get("format") != FORMAT or header["index"]["stat"] != _stat_key(st):
             return None
         mapping = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-        start = -(-(_PREFIX.size + head_len) // _ALIGN) * _ALIGN
         kept = os.fdopen(os.dup(file.fileno()), "rb")  # (the same file as mapped, for pread)
         return PackedIndex(path, index, label, kept, mapping, header, start)
 
