@@ -10,7 +10,7 @@ docs/streaming.md for the differences.
   the run needs);
   `download_counts(local)` reads its download journal.
 - `streams_registry`: `Stream` subclasses by name, for `stream_name` / `stream_config`.
-- `clean_stale_shared_memory()`: MosaicML's, a no-op (Tessera keeps no shared memory); `generate_work(...)`:
+- `clean_stale_shared_memory()`: MosaicML's, a no-op (Tessera leaves nothing in /dev/shm); `generate_work(...)`:
   MosaicML's array of the samples each worker of a given world reads in an epoch.
 
 The sample order itself is pure functions in `tessera.stream.batching` (import from its modules).

@@ -270,9 +270,11 @@ def normalize_shard_index(view: ShardView, idx: int) -> int:
 
 
 def clean_stale_shared_memory() -> None:
-    """MosaicML's clean-up of shared memory that crashed runs left behind. Tessera keeps no shared memory:
-    processes coordinate through files and `flock`s (cache.py), which the kernel releases when a process
-    dies, so nothing is ever stale. Provided so that code calling it runs unchanged; it does nothing."""
+    """MosaicML's clean-up of the named shared memory (/dev/shm) that crashed runs left behind. Tessera
+    creates none: batch slots are anonymous shared mappings (slots.py), gone with their processes; the
+    files its processes map (packed indexes, plan files) are checked before use and rebuilt when not
+    whole; locks are `flock`s the kernel drops with a dead process. So there is nothing stale to clean,
+    and this does nothing: provided so that code calling it runs unchanged."""
 
 
 def generate_work(batching_method: str, dataset: MosaicDatasetAPI, world: World, epoch: int,
