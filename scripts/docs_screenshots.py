@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -30,6 +29,8 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from tessera.platform.clusters.local import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TESSERA = [sys.executable, "-m", "tessera.cli.main"]
@@ -41,12 +42,6 @@ WAIT = 900  # seconds the run may take on a busy machine
 
 def say(text: str) -> None:
     print(f"docs-screenshots: {text}", flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def call(url: str, key: str, method: str = "GET", body: dict | None = None) -> dict:
