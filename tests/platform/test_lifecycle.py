@@ -18,6 +18,7 @@ from sqlalchemy import event, text
 
 from tessera.platform import Platform, Run, RunFailed, RunNotFound, RunStateError, SpecError
 from tessera.platform.api import sdk
+from tessera.platform.store.models import run_leases
 from tessera.platform.store.state import PENDING, RunRecord, new_run_id
 
 TIMEOUT = 30
@@ -173,6 +174,35 @@ def test_list_filters_pages_and_counts_with_bulk_queries(platform: Platform) -> 
     event.remove(platform.db.engine, "before_cursor_execute", count)
     assert len(runs) == 6 and all(r.events for r in runs)
     assert len(statements) <= 3, statements     # runs, resumptions, events: not two queries per run
+
+
+def test_descriptions_of_a_page_are_describe_runs_answers_read_at_once(platform: Platform) -> None:
+    """What MCLI's run lists and the API's verbs answer: `describe_runs` (a page) and `run_detail` (the run
+    a verb returned) give exactly `describe_run`'s dicts, leases included, in a fixed number of queries."""
+    made = [platform.create_run(spec(f"d-{i}", "true"), supervise=False) for i in range(5)]
+    for run in made:   # finished: deleting them starts no supervisor, whose leases would race the ones below
+        platform.db.update_run(run.id, status="COMPLETED")
+    with platform.db.engine.begin() as c:
+        c.execute(run_leases.insert().values(run_id=made[1].id, owner="replica-a", token=1, heartbeat=1.0,
+                                             expires=99.0))
+        c.execute(run_leases.insert().values(run_id=made[2].id, owner=None, token=2, heartbeat=1.0, expires=0.0))
+    platform.delete_run("d-3", soft=True)
+    platform.delete_run("d-4")
+    ids = [made[i].id for i in (2, 0, 3, 1, 4, 0)]     # any order, a soft-deleted, a deleted and a repeated id
+
+    statements: list[str] = []
+
+    def count(_conn, _cursor, statement, *_args) -> None:  # type: ignore[no-untyped-def]
+        if statement.startswith("SELECT"):
+            statements.append(statement)
+    event.listen(platform.db.engine, "before_cursor_execute", count)
+    live, every = platform.describe_runs(ids), platform.describe_runs(ids, include_deleted=True)
+    event.remove(platform.db.engine, "before_cursor_execute", count)
+    assert live == [platform.describe_run(made[i].id) for i in (2, 0, 1)]
+    assert every == [platform.describe_run(made[i].id, include_deleted=True) for i in (2, 0, 3, 1)]
+    assert [d["supervisor"] for d in every] == [None, None, None, {"replica": "replica-a", "lease_expires": 99.0}]
+    assert every[2]["deleted"] is not None and platform.describe_runs([]) == []
+    assert len(statements) == 2 * 5, statements   # secrets, runs, resumptions, events, leases: none per run
 
 
 # --- metrics --------------------------------------------------------------------------------------

@@ -43,7 +43,7 @@ from tessera.platform.spec.run_spec import RunSpec, validate_name
 from tessera.platform.store.audit import not_noting
 from tessera.platform.store.db import one_reader
 from tessera.platform.store.homes import LOCAL_TEAM, home_engine
-from tessera.platform.store.leases import lease_of
+from tessera.platform.store.leases import lease_of, leases_of
 from tessera.platform.store.metric_points import read_points
 from tessera.platform.store.paging import encode_cursor
 from tessera.platform.store.state import (
@@ -378,9 +378,18 @@ class Platform:
         with one_reader(self.db.engine):
             run = self.get_run(name, include_deleted=include_deleted)
             lease = lease_of(self.db.engine, run.id)
-        described = run.to_dict()
-        described["supervisor"] = {"replica": lease[0], "lease_expires": lease[1]} if lease else None
-        return json.loads(redact(json.dumps(described)))
+        return run.describe(lease, redact)
+
+    def describe_runs(self, run_ids: list[str], *, include_deleted: bool = False) -> list[dict[str, Any]]:
+        """`describe_run` of each of these runs that exists (deleted: with `include_deleted`), in one reader."""
+        redact = self.secrets.redactor()
+        with one_reader(self.db.engine):
+            records = {r.id: r for r in self.db.get_runs(run_ids) if include_deleted or r.deleted is None}
+            ids = list(records)
+            resumptions, events = self.db.resumptions_of(ids), self.db.events_of(ids)
+            leases = leases_of(self.db.engine, ids)
+        return [Run.from_record(records[i], resumptions[i], events[i]).describe(leases.get(i), redact)
+                for i in dict.fromkeys(run_ids) if i in records]
 
     def run_events(self, name: str, cursor: str | None = None, limit: int = PAGE) -> EventPage:
         """The run's events after `cursor`, oldest first (the cursor of the last one given, to poll with),

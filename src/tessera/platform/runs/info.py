@@ -5,6 +5,8 @@ wire format of the server's API, and `Run.from_dict()` rebuilds the same Run fro
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -103,6 +105,13 @@ class Run:
                 "spec": self.spec.model_dump(mode="json"),
                 "resumptions": [asdict(r) for r in self.resumptions],
                 "events": [asdict(e) for e in self.events], "deleted": self.deleted}
+
+    def describe(self, lease: tuple[str, float] | None, redact: Callable[[str], str]) -> dict[str, Any]:
+        """`run describe`'s answer: `to_dict()` with the replica supervising the run (its `lease`: replica,
+        expiry), passed through `redact` as a last guard."""
+        described = self.to_dict()
+        described["supervisor"] = {"replica": lease[0], "lease_expires": lease[1]} if lease else None
+        return json.loads(redact(json.dumps(described)))
 
 
 def _build(cls: type[Any], d: dict[str, Any]) -> Any:

@@ -123,7 +123,7 @@ def _acquire(c: Connection, owner: str, seconds: float, now: float, limit: int) 
                         .join(runs, runs.c.id == run_leases.c.run_id)
                         .where(runs.c.status.in_(ACTIVE), run_leases.c.expires < now)
                         .order_by(run_leases.c.expires).limit(limit)
-                        .with_for_update(skip_locked=True, of=run_leases)).all()
+                        ).all()
     for run_id, previous, token, team in expired:
         c.execute(update(run_leases).where(run_leases.c.run_id == run_id).values(
             owner=owner, token=token + 1, heartbeat=now, expires=now + seconds))
@@ -160,6 +160,15 @@ def release(engine: Engine, owner: str, run_ids: list[str] | None = None) -> Non
 def lease_of(engine: Engine, run_id: str) -> tuple[str, float] | None:
     """(the replica supervising the run, when its lease expires, or expired: 0 once given up at a
     shutdown), or None when no replica has held it since it last ended."""
+    return leases_of(engine, [run_id]).get(run_id)
+
+
+def leases_of(engine: Engine, run_ids: list[str]) -> dict[str, tuple[str, float]]:
+    """`lease_of` of many runs (a page of descriptions) in one query per 500 ids; a run without one is absent."""
+    found: dict[str, tuple[str, float]] = {}
     with reading(engine) as c:
-        row = c.execute(select(run_leases.c.owner, run_leases.c.expires).where(run_leases.c.run_id == run_id)).first()
-    return (row.owner, row.expires) if row is not None and row.owner else None
+        for start in range(0, len(run_ids), 500):
+            query = select(run_leases.c.run_id, run_leases.c.owner, run_leases.c.expires).where(
+                run_leases.c.run_id.in_(run_ids[start:start + 500]))
+            found.update((row.run_id, (row.owner, row.expires)) for row in c.execute(query) if row.owner)
+    return found

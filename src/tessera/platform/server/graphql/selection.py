@@ -117,7 +117,7 @@ def _by_name(platform: Platform, name: str, include_deleted: bool) -> list[dict[
     cursor: str | None = None
     while True:
         page = platform.run_page(q=name, cursor=cursor, limit=MAX_PAGE, include_deleted=True)
-        out += [d for d in (_describe(platform, item.id, True) for item in page.items if item.name == name) if d]
+        out += platform.describe_runs([item.id for item in page.items if item.name == name], include_deleted=True)
         cursor = page.next_cursor
         if cursor is None:
             return out
@@ -138,8 +138,8 @@ def select_runs(platform: Platform, sel: Selection, limit: int | None = DEFAULT_
     while True:
         page = platform.run_page(sel.statuses, cluster, user=user, cursor=cursor, limit=limit - len(out),
                                  include_deleted=sel.deleted)
-        described = (_describe(platform, item.id if sel.deleted else item.name, sel.deleted) for item in page.items)
-        out += [d for d in described if d and sel.matches(d)]
+        described = platform.describe_runs([item.id for item in page.items], include_deleted=sel.deleted)
+        out += [d for d in described if sel.matches(d)]
         cursor = page.next_cursor
         if cursor is None or len(out) >= limit:
             return out, cursor
