@@ -123,7 +123,7 @@ def _acquire(c: Connection, owner: str, seconds: float, now: float, limit: int) 
                         .join(runs, runs.c.id == run_leases.c.run_id)
                         .where(runs.c.status.in_(ACTIVE), run_leases.c.expires < now)
                         .order_by(run_leases.c.expires).limit(limit)
-                        ).all()
+                        .with_for_update(skip_locked=True, of=run_leases)).all()
     for run_id, previous, token, team in expired:
         c.execute(update(run_leases).where(run_leases.c.run_id == run_id).values(
             owner=owner, token=token + 1, heartbeat=now, expires=now + seconds))
