@@ -200,6 +200,25 @@ def test_round_trip_is_bitwise_and_training_continues_identically(any_store_url)
     assert resumed == reference
 
 
+def test_a_loaded_optimizer_keeps_its_own_step_kernel():
+    """A state saved by an unfused Adam (a CPU run, a converted Composer checkpoint) loaded into a fused one
+    (a GPU run; fused Adam runs on CPUs too): the saved lr and moments arrive, the fused kernel stays, and
+    amp's scaled step, which an unfused Adam refuses, still runs."""
+    saved_param, live_param = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(3))
+    saved_opt = torch.optim.AdamW([saved_param], lr=0.5)
+    saved_param.grad = torch.ones(3)
+    saved_opt.step()
+    live = torch.optim.AdamW([live_param], lr=0.1, fused=True)
+    apply_state({"optimizers": [saved_opt.state_dict()]}, optimizers=[live])
+    group = live.param_groups[0]
+    assert (group["lr"], group["fused"], group["foreach"]) == (0.5, True, None)
+    assert torch.equal(live.state[live_param]["exp_avg"], saved_opt.state[saved_param]["exp_avg"])
+    scaler = torch.amp.GradScaler("cpu")
+    scaler.scale((live_param * live_param).sum()).backward()
+    scaler.step(live)  # AssertionError "Expected grad_scale and found_inf to be None" with the saved fused=None
+    assert live.state[live_param]["step"].item() == 2.0
+
+
 def test_rng_capture_restore_and_derivation():
     state = capture_rng_state()
     first = (random.random(), np.random.rand(4).tolist(), torch.rand(4))

@@ -32,6 +32,8 @@ import torch
 from tessera.train.checkpoint.rng import capture_rng_state, restore_rng_state
 from tessera.train.time import Timestamp
 
+STEP_KERNEL_KEYS = ("fused", "foreach", "capturable")  # how an optimizer's step runs, not what it computes
+
 
 def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside DistributedDataParallel (so its keys carry no 'module.' prefix)."""
@@ -152,16 +154,30 @@ def apply_state(state: dict[str, Any], model: torch.nn.Module | None = None,
             from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
             full = not has_dtensor(opt_state)
-            set_optimizer_state_dict(unwrap_model(model), opt, opt_state,
+            set_optimizer_state_dict(unwrap_model(model), opt, with_live_kernels(opt, opt_state),
                                      options=StateDictOptions(strict=strict, full_state_dict=full))
         else:
-            opt.load_state_dict(opt_state)
+            opt.load_state_dict(with_live_kernels(opt, opt_state))
     for sched, sched_state in _pairs(schedulers, state.get("schedulers"), "scheduler"):
         sched.load_state_dict(sched_state)
     if scaler is not None and state.get("scaler") is not None:
         scaler.load_state_dict(state["scaler"])
     if restore_rng and state.get("rng") is not None:
         restore_rng_state(state["rng"])
+
+
+def with_live_kernels(opt: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """`saved` (an optimizer state dict) with the live optimizer's fused/foreach/capturable in its param
+    groups: the saved groups bring their hyperparameters, but how the step runs stays this process's
+    choice. torch takes a saved group whole, so a state saved on a CPU (fused=None) would switch a GPU run's
+    fused Adam off (the optimizer still declaring amp scaling, which an unfused step refuses), and a GPU's
+    fused=True would follow a state onto a CPU. Set before loading, so torch places the step counts where
+    the live kernel wants them."""
+    groups = saved.get("param_groups") if isinstance(saved, dict) else None
+    if not isinstance(groups, list) or len(groups) != len(opt.param_groups):  # torch's load names the mismatch
+        return saved
+    live = [{key: group[key] for key in STEP_KERNEL_KEYS if key in group} for group in opt.param_groups]
+    return {**saved, "param_groups": [{**group, **kernels} for group, kernels in zip(groups, live, strict=True)]}
 
 
 def _pairs(live: list[Any], saved: list[Any] | None, what: str) -> list[tuple[Any, Any]]:
