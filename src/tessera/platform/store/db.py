@@ -129,9 +129,11 @@ def upsert(connection: Connection, table: Table, values: dict[str, Any], keys: l
 
 
 def insert_or_ignore(connection: Connection, table: Table, values: dict[str, Any], keys: list[str]) -> bool:
-    """INSERT of `values` unless a row with the same `keys` exists; True if it was inserted."""
-    statement = _dialect_insert(connection, table, values).on_conflict_do_nothing(index_elements=keys)
-    return connection.execute(statement).rowcount > 0
+    """INSERT of `values` unless a row with the same `keys` exists; True if it was inserted. Told by the
+    row RETURNING gives back, not by `rowcount`: PostgreSQL's driver reports -1 for this statement."""
+    statement = (_dialect_insert(connection, table, values).on_conflict_do_nothing(index_elements=keys)
+                 .returning(table.c[keys[0]]))
+    return connection.execute(statement).first() is not None
 
 
 def session_factory(engine: Engine) -> sessionmaker[Session]:
