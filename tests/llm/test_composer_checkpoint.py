@@ -206,6 +206,21 @@ def test_a_composer_run_continues_in_tessera_as_it_would_have_in_composer(run, t
         hf.eval()
 
 
+def test_a_run_that_autoresumes_converts_nothing(run, tmp_path, monkeypatch):
+    """A save folder with the run's own committed checkpoint: autoresume takes it and load_path goes unused,
+    so the Composer file is not converted; another run's checkpoints there leave the start to load_path."""
+    monkeypatch.setenv("TESSERA_MODEL_CACHE", str(tmp_path / "cache"))
+    with CheckpointManager(tmp_path / "ck", "mine", async_save=False) as manager:
+        manager.save({"model": {"w": torch.zeros(1)}, "timestamp": Timestamp(batch=1).state_dict(),
+                      "config": {"run_name": "mine"}})
+    config = TrainerConfig(max_duration="3ba", load_path=str(run["ckpt"]), autoresume=True,
+                           save_folder=str(tmp_path / "ck"), run_name="mine")
+    assert composer_trainer_config(config) == config and not (tmp_path / "cache").exists()
+    other = composer_trainer_config(config.model_copy(update={"run_name": "other"}))
+    assert other.load_path == composer_load_path(str(run["ckpt"])).url  # converted: the run starts from it
+    assert len([p for p in (tmp_path / "cache").iterdir() if p.name.startswith("composer-")]) == 1
+
+
 def test_a_weights_only_checkpoint_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_MODEL_CACHE", str(tmp_path / "cache"))
     hf = tiny_mpt(seed=2)

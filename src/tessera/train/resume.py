@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import warnings
 from typing import Any
 
 import torch
 
-from tessera.storage import StorageError
+from tessera.storage import StorageError, Store, open_store
 from tessera.train.checkpoint import CheckpointManager, apply_state
 from tessera.train.checkpoint.layout import META, resume_order
+from tessera.train.config import TrainerConfig
 from tessera.train.cpu_threads import resume_threads
 from tessera.train.time import Timestamp
 
@@ -27,12 +29,13 @@ class ForeignCheckpoint(ValueError):
     """The save folder's newest checkpoint belongs to a run of another name; autoresume would continue it."""
 
 
-def saved_run(manager: CheckpointManager) -> tuple[str, str] | None:
+def saved_run(store: Store, names: list[str] | None = None) -> tuple[str, str] | None:
     """(run name, checkpoint name) from the meta.json of the checkpoint autoresume would try first (the
-    first one with a readable meta.json), or None when the folder has none or it names no run."""
-    for name in resume_order(manager.store, lambda _: None)[0]:  # latest() warns about skipped folders
+    first one with a readable meta.json), or None when the folder has none or it names no run. `names`:
+    the folder's `resume_order`, when the caller has it."""
+    for name in resume_order(store, lambda _: None)[0] if names is None else names:  # latest() warns
         try:
-            meta = json.loads(manager.store.get(f"{name}/{META}"))
+            meta = json.loads(store.get(f"{name}/{META}"))
         except (StorageError, ValueError):
             continue
         config = meta.get("config") if isinstance(meta, dict) else None
@@ -45,12 +48,28 @@ def foreign_checkpoints(manager: CheckpointManager, run_name: str) -> str | None
     """Why autoresume may not continue the folder's checkpoints (another run name wrote the newest), in
     one line that says what to do; None when they are this run's, unnamed, or absent, or this run has no
     name."""
-    found = saved_run(manager) if run_name else None
+    found = saved_run(manager.store) if run_name else None
     if found is None or found[0] == run_name:
         return None
     folder = manager.save_folder.rstrip("/")
     return (f"{folder} holds checkpoints of run '{found[0]}', this run is '{run_name}': give "
             f"load_path={folder}/{found[1]} to start from it, or another save_folder")
+
+
+def resumes_own_checkpoint(config: TrainerConfig) -> bool:
+    """Whether a Trainer of `config` will autoresume from its save folder (a committed checkpoint there, not
+    another run's), so that its `load_path` goes unused: a caller that prepares load_path first (converts
+    it, downloads it) asks this. False when the folder cannot be read: the Trainer then says why."""
+    if not config.autoresume or config.save_folder is None:
+        return False
+    run_name = config.run_name or os.environ.get("RUN_NAME", "")
+    try:
+        store = open_store(config.save_folder.replace("{run_name}", run_name))
+        names, committed = resume_order(store, lambda _: None)
+        found = saved_run(store, names) if committed and run_name else None
+    except StorageError:
+        return False
+    return committed and (found is None or found[0] == run_name)
 
 
 def resume(trainer: Any, log: logging.Logger) -> None:

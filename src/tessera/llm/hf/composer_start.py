@@ -39,6 +39,7 @@ from tessera.storage import open_store, split_url
 from tessera.storage.locks import filled_once
 from tessera.train.checkpoint import CheckpointManager
 from tessera.train.config import TrainerConfig
+from tessera.train.resume import resumes_own_checkpoint
 
 SUMMARY = "composer-start.json"  # beside the checkpoint: its model config and what carried over
 _NOT_COMPARED = ("dropout", "init_std")  # settings that leave the weights' meaning alone
@@ -72,10 +73,11 @@ def composer_load_path(url: str, cache_dir: str | os.PathLike[str] | None = None
 def composer_trainer_config(config: TrainerConfig, model: Any = None) -> TrainerConfig:
     """`config` itself, or, when its `load_path` is a Composer checkpoint file, with `load_path` at that
     checkpoint's Tessera form (weights only, with a warning saying why, when the rest does not map).
-    `model`: the run's model; a GPT of another shape than the checkpoint's is refused naming the keys."""
+    `model`: the run's model; a GPT of another shape than the checkpoint's is refused naming the keys.
+    A run that autoresumes from its own checkpoint leaves load_path unused: nothing is converted then."""
     if config.load_path and is_sharded_composer(config.load_path):
         raise ComposerCheckpointError(sharded_composer_message(f"load_path={config.load_path}"))
-    if not config.load_path or not is_checkpoint_file(config.load_path):
+    if not config.load_path or not is_checkpoint_file(config.load_path) or resumes_own_checkpoint(config):
         return config
     start = composer_load_path(config.load_path)
     ours = model.cfg.to_dict() if hasattr(model, "cfg") else None
