@@ -180,6 +180,7 @@ def test_descriptions_of_a_page_are_describe_runs_answers_read_at_once(platform:
     """What MCLI's run lists and the API's verbs answer: `describe_runs` (a page) and `run_detail` (the run
     a verb returned) give exactly `describe_run`'s dicts, leases included, in a fixed number of queries."""
     made = [platform.create_run(spec(f"d-{i}", "true"), supervise=False) for i in range(5)]
+    assert [platform.run_detail(run) for run in made] == [platform.describe_run(run.name) for run in made]
     for run in made:   # finished: deleting them starts no supervisor, whose leases would race the ones below
         platform.db.update_run(run.id, status="COMPLETED")
     with platform.db.engine.begin() as c:

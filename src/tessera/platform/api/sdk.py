@@ -380,6 +380,10 @@ class Platform:
             lease = lease_of(self.db.engine, run.id)
         return run.describe(lease, redact)
 
+    def run_detail(self, run: Run) -> dict[str, Any]:
+        """`describe_run`'s answer for a run a verb just returned (create_run, stop_run, ...): not read again."""
+        return run.describe(lease_of(self.db.engine, run.id), self.secrets.redactor())
+
     def describe_runs(self, run_ids: list[str], *, include_deleted: bool = False) -> list[dict[str, Any]]:
         """`describe_run` of each of these runs that exists (deleted: with `include_deleted`), in one reader."""
         redact = self.secrets.redactor()

@@ -67,7 +67,7 @@ async def create_run(info: Ctx, create_run_data: CreateRunInput) -> list[types.R
         with state.audit.change(who, "submit", spec.name, ref=run_id) as entry:
             run = platform.create_run(spec, workdir=state.teams.home(who.team), user=who.user, run_id=run_id)
             entry.detail = f"cluster {run.cluster}"
-        return [run_view(platform.describe_run(run.name))]
+        return [run_view(platform.run_detail(run))]
 
     return await with_platform(info, work)
 

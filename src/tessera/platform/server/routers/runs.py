@@ -1,7 +1,8 @@
 """Runs: list (a page at a time), submit, describe, and the lifecycle verbs (stop, restart, move, clone,
 update, delete). Each handler is one call of the team's Platform inside its audit entry (audit.py:
 written before the change, done before the answer). A submit or clone picks the new run's id first, so
-its entry names it. Every answer is a model of api/models.py."""
+its entry names it. Every answer is a model of api/models.py; a verb's is the run it returned, described
+without reading it again (Platform.run_detail)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tessera.platform.api.models import (
     UpdateRun,
 )
 from tessera.platform.api.sdk import Platform
+from tessera.platform.runs.info import Run
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import Cursor, Limit, RunName, UserFilter
 from tessera.platform.spec.schema import NAME_MAX, validate_name
@@ -42,8 +44,9 @@ def list_runs(platform: TeamPlatform, user: UserFilter,
     return platform.run_page(statuses, cluster, user=user, q=q or None, cursor=cursor, limit=limit)
 
 
-def _detail(platform: Platform, name: str) -> RunDetail:
-    return RunDetail.model_validate(platform.describe_run(name))
+def _detail(platform: Platform, run: Run) -> RunDetail:
+    """The run a verb returned, as `describe_run` answers (not read again)."""
+    return RunDetail.model_validate(platform.run_detail(run))
 
 
 @router.post("", status_code=201)
@@ -53,19 +56,19 @@ def submit_run(body: SubmitRun, who: CurrentUser, state: State, platform: TeamPl
         run = platform.create_run(spec, cluster=body.cluster, workdir=state.teams.home(who.team), user=who.user,
                                   run_id=run_id)
         entry.detail = f"cluster {run.cluster}"
-    return _detail(platform, run.name)
+    return _detail(platform, run)
 
 
 @router.get("/{name}")
 def describe_run(name: RunName, platform: TeamPlatform) -> RunDetail:
-    return _detail(platform, name)
+    return RunDetail.model_validate(platform.describe_run(name))
 
 
 @router.post("/{name}/stop")
 def stop_run(name: RunName, who: CurrentUser, state: State, platform: TeamPlatform) -> RunDetail:
     with state.audit.change(who, "stop", name):
-        platform.stop_run(name)
-    return _detail(platform, name)
+        run = platform.stop_run(name)
+    return _detail(platform, run)
 
 
 @router.post("/{name}/restart")
@@ -73,15 +76,15 @@ def restart_run(name: RunName, who: CurrentUser, state: State, platform: TeamPla
                 body: ClusterChoice | None = None) -> RunDetail:
     cluster = body.cluster if body else None
     with state.audit.change(who, "restart", name, f"cluster {cluster}" if cluster else ""):
-        platform.restart_run(name, cluster)
-    return _detail(platform, name)
+        run = platform.restart_run(name, cluster)
+    return _detail(platform, run)
 
 
 @router.post("/{name}/move")
 def move_run(name: RunName, body: MoveRun, who: CurrentUser, state: State, platform: TeamPlatform) -> RunDetail:
     with state.audit.change(who, "move", name, f"to cluster {body.cluster}"):
-        platform.move_run(name, body.cluster)
-    return _detail(platform, name)
+        run = platform.move_run(name, body.cluster)
+    return _detail(platform, run)
 
 
 @router.post("/{name}/clone", status_code=201)
@@ -91,7 +94,7 @@ def clone_run(name: RunName, body: CloneRun, who: CurrentUser, state: State, pla
     with state.audit.change(who, "clone", name, f"as {body.name}", ref=run_id) as entry:
         run = platform.clone_run(name, body.name, cluster=body.cluster, gpus=body.gpus, user=who.user, run_id=run_id)
         entry.detail = f"as {run.name} on cluster {run.cluster}"
-    return _detail(platform, run.name)
+    return _detail(platform, run)
 
 
 @router.patch("/{name}")
@@ -99,8 +102,8 @@ def update_run(name: RunName, body: UpdateRun, who: CurrentUser, state: State, p
                ) -> RunDetail:
     changes = body.model_dump(exclude_none=True)
     with state.audit.change(who, "update", name, ", ".join(f"{k}={v}" for k, v in changes.items())):
-        platform.update_run(name, **changes)
-    return _detail(platform, name)
+        run = platform.update_run(name, **changes)
+    return _detail(platform, run)
 
 
 @router.delete("/{name}", status_code=204, response_class=Response)
