@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -667,6 +668,31 @@ def test_preprocessing_fn_maps_each_record(tmp_path: Path, monkeypatch: pytest.M
         prep_examples(data, tmp_path / "out2", "byte", seq_len=32, preprocessing_fn="my_prep:dolly")
     with pytest.raises(ExampleError, match=r"preprocessing_fn=my_prep:nothing: cannot import it"):
         prep_examples(data, tmp_path / "out3", "byte", seq_len=32, preprocessing_fn="my_prep:nothing")
+
+
+def test_an_edited_preprocessing_fn_prepares_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prep cache keys on the function's source, not its name: after an edit (seen by the next process,
+    which imports the file anew) the rows are the new function's, not the cached ones of the old."""
+    from tessera.llm.finetune.cache import prepared
+    from tessera.shards import MDSDataset
+
+    module = tmp_path / "edited_prep.py"
+    module.write_text("def rows(r):\n    return {'prompt': r['q'], 'response': ' old'}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"q": f"say {i}"}) + "\n" for i in range(3)))
+    options = dict(seq_len=32, cache_root=tmp_path / "cache", preprocessing_fn="edited_prep:rows")
+    first, _ = prepared(str(data), "byte", **options)
+    assert prepared(str(data), "byte", **options)[0] == first  # unchanged: reused
+    module.write_text("def rows(r):\n    return {'prompt': r['q'], 'response': ' the new one'}\n")
+    monkeypatch.delitem(sys.modules, "edited_prep")  # a new process imports the edited file
+    second, _ = prepared(str(data), "byte", **options)
+    assert second != first
+    trained = []  # the response bytes and end-of-text of the 3 examples (byte tokenizer)
+    for folder in (first, second):
+        with MDSDataset(str(folder / "train")) as rows:
+            trained.append(sum(int(rows.get(i)["loss_mask"].sum()) for i in range(len(rows))))
+    assert trained == [3 * (len(" old") + 1), 3 * (len(" the new one") + 1)]
 
 
 def test_text_windows_truncate_pad_and_mask(made) -> None:

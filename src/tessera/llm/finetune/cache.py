@@ -1,8 +1,9 @@
 """Prepare a recipe's fine-tuning file once, into a local MDS cache shared by the ranks of a node.
 
 The cache folder is `<prep_cache>/<key>/`, where the key hashes the input's content (local files: their
-bytes; objects in a bucket: URL, size and ETag), the tokenizer (`ExampleTokenizer.fingerprint`) and every
-option that changes the rows. A changed file or option gets a new folder; an unchanged one is reused.
+bytes; objects in a bucket: URL, size and ETag), the tokenizer (`ExampleTokenizer.fingerprint`), every
+option that changes the rows, and the source file of a `preprocessing_fn`. A changed file, option or
+function gets a new folder; an unchanged one is reused.
 
 One process prepares (storage/locks.filled_once): every process takes an exclusive `flock` on
 `.<key>.lock`; the first finds no folder and prepares into a temporary folder beside it, then renames it
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tessera.llm.finetune.chat import ExampleTokenizer, load_example_tokenizer
-from tessera.llm.finetune.prep import example_options, prep_examples, read_summary
+from tessera.llm.finetune.prep import example_options, function_fingerprint, prep_examples, read_summary
 from tessera.shards.inputs import is_url, list_input
 from tessera.storage import open_store
 from tessera.storage.locks import filled_once
@@ -65,6 +66,8 @@ def prepared(path: str, tokenizer: Any, *, seq_len: int, cache_root: str | os.Pa
     tok = load_example_tokenizer(tokenizer)
     opts = example_options(**options)
     keyed = dict(seq_len=seq_len, **opts.model_dump())
+    if opts.preprocessing_fn:  # its code makes the rows too: an edit of it is a new cache folder
+        keyed["preprocessing_source"] = function_fingerprint(opts.preprocessing_fn)
     root = Path(cache_root) if cache_root else default_cache_root()
     root.mkdir(parents=True, exist_ok=True)
 

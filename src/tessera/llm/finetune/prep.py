@@ -23,13 +23,16 @@ globally, sends each to val or train by a hash of its number, and builds rows.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import inspect
 import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -164,6 +167,18 @@ def record_function(path: str) -> Callable[[Any], Any]:
     if not callable(function):
         raise ExampleError(f"preprocessing_fn={path}: not a function")
     return function
+
+
+def function_fingerprint(path: str) -> str:
+    """A hash of the source file that defines `preprocessing_fn` (the function's own module): the prep
+    cache keys on it, so an edited function prepares again instead of serving the rows the old one made.
+    What it calls in other modules is not followed; a function without a source file hashes its name."""
+    function = record_function(path)
+    try:
+        source = inspect.getsourcefile(function)
+    except TypeError:  # a builtin or C function
+        source = None
+    return hashlib.sha256(Path(source).read_bytes() if source else path.encode()).hexdigest()
 
 
 def _preprocessed(function: Callable[[Any], Any], record: Any, path: str | None) -> Any:
