@@ -176,6 +176,28 @@ def test_a_composer_checkpoint_loads_with_its_logits_and_tokenizer(run):
                                        token_in_epoch=96)
 
 
+def test_model_pretrained_reads_a_composer_file_once_for_its_description(run, tmp_path, monkeypatch):
+    """`model.pretrained=<Composer file>`: the tokenizer and the sequence length a run asks for first come
+    from one read of the file, and no model is built for them; the model itself is the second read."""
+    from tessera.llm.hf import mpt_load
+    from tessera.llm.hf.config import PretrainedSpec
+    from tessera.llm.hf.load import load_pretrained_model, pretrained_seq_len, pretrained_tokenizer
+
+    path = tmp_path / "ep0-ba2-rank0.pt"
+    path.write_bytes(run["ckpt"].read_bytes())
+    reads, built = [], []
+    real_read, real_gpt = mpt_load.read_composer_checkpoint, mpt_load.empty_gpt
+    monkeypatch.setattr(mpt_load, "read_composer_checkpoint", lambda *a: reads.append(a) or real_read(*a))
+    monkeypatch.setattr(mpt_load, "empty_gpt", lambda cfg: built.append(cfg) or real_gpt(cfg))
+    spec = PretrainedSpec(pretrained=str(path))
+    tokenizer = pretrained_tokenizer(spec)
+    assert pretrained_seq_len(spec) == 64 and (len(reads), len(built)) == (1, 0)
+    assert tokenizer.get_vocab() == run["tokenizer"].get_vocab()
+    model, _ = load_pretrained_model(spec)
+    assert (len(reads), len(built)) == (2, 1)
+    logits_match(model.eval(), run["hf"])
+
+
 def test_a_composer_run_continues_in_tessera_as_it_would_have_in_composer(run, tmp_path, monkeypatch):
     """One more step from the converted checkpoint gives the weights one more step of the MPT gives."""
     monkeypatch.setenv("TESSERA_MODEL_CACHE", str(tmp_path))

@@ -142,6 +142,16 @@ def read_composer_checkpoint(url: str, mpt_config: Mapping[str, Any] | None = No
     return ckpt
 
 
+def checkpoint_version(url: str) -> str:
+    """What tells one version of the file at `url` from another: its size and mtime (its ETag in a bucket)."""
+    if is_remote(url):
+        root, key = split_url(url)
+        info = open_store(root).head(key)
+        return f"{info.size}\t{info.etag or ''}"
+    stat = Path(url.removeprefix("file://")).expanduser().stat()
+    return f"{stat.st_size}\t{stat.st_mtime_ns}"
+
+
 @contextmanager
 def _local_file(url: str) -> Iterator[Path]:
     """A local path to the checkpoint file: itself, a download of a bucket object (into the model cache's

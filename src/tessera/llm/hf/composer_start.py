@@ -28,14 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from tessera.llm.hf.cache import default_cache_dir
-from tessera.llm.hf.composer import ComposerCheckpointError, read_composer_checkpoint
+from tessera.llm.hf.composer import ComposerCheckpointError, checkpoint_version, read_composer_checkpoint
 from tessera.llm.model_source import (
     is_checkpoint_file,
-    is_remote,
     is_sharded_composer,
     sharded_composer_message,
 )
-from tessera.storage import open_store, split_url
 from tessera.storage.locks import filled_once
 from tessera.train.checkpoint import CheckpointManager
 from tessera.train.config import TrainerConfig
@@ -107,14 +105,7 @@ def _name(url: str) -> str:
 
 def _fingerprint(url: str, mpt_config: Mapping[str, Any] | None) -> str:
     """The source's URL, size and mtime (ETag in a bucket), and the config given for it."""
-    digest = hashlib.sha256(url.encode())
-    if is_remote(url):
-        root, key = split_url(url)
-        info = open_store(root).head(key)
-        digest.update(f"\n{info.size}\t{info.etag or ''}".encode())
-    else:
-        stat = Path(url.removeprefix("file://")).expanduser().stat()
-        digest.update(f"\n{stat.st_size}\t{stat.st_mtime_ns}".encode())
+    digest = hashlib.sha256(f"{url}\n{checkpoint_version(url)}".encode())
     if mpt_config is not None:
         digest.update(repr(sorted(mpt_config.items())).encode())
     return digest.hexdigest()[:16]

@@ -136,8 +136,9 @@ def tessera_gpt_description(spec: PretrainedSpec) -> tuple[Any, Any]:
     from tessera.llm.export import describe_export
 
     if resolve_model_source(spec.pretrained, KEY).kind == "composer":  # one file: its config is inside
-        model, tokenizer = load_tessera_gpt(spec)
-        return model.cfg, tokenizer
+        from tessera.llm.hf.mpt_load import describe_composer
+
+        return describe_composer(spec.pretrained)
     try:
         described = describe_export(spec.pretrained)
     except ExportError:

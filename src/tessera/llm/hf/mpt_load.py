@@ -12,6 +12,7 @@ eval mode with float32 weights; the tokenizer is the transformers one saved with
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Mapping
@@ -22,9 +23,9 @@ import torch
 
 from tessera.llm.export import ExportError, load_model
 from tessera.llm.hf.cache import local_model_folder
-from tessera.llm.hf.composer import composer_tokenizer, read_composer_checkpoint
+from tessera.llm.hf.composer import checkpoint_version, composer_tokenizer, read_composer_checkpoint
 from tessera.llm.hf.mpt import empty_gpt, gpt_from_mpt
-from tessera.llm.model import GPT
+from tessera.llm.model import GPT, GPTConfig
 from tessera.llm.model_source import resolve_model_source
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -51,6 +52,19 @@ def load_composer_model(url: str, mpt_config: Mapping[str, Any] | None = None) -
     model = empty_gpt(ckpt.config)
     model.load_state_dict(ckpt.model)
     return model.eval(), composer_tokenizer(ckpt)
+
+
+def describe_composer(url: str) -> tuple[GPTConfig, Any]:
+    """(GPTConfig, tokenizer) of a Composer checkpoint, without building the model; read once per version
+    of the file in a process: a run asks for its tokenizer and its sequence length before it loads the
+    weights (hf/load.py), and each would otherwise read the whole file again."""
+    return _described(url, checkpoint_version(url))
+
+
+@functools.lru_cache(maxsize=4)
+def _described(url: str, version: str) -> tuple[GPTConfig, Any]:
+    ckpt = read_composer_checkpoint(url)
+    return ckpt.config, composer_tokenizer(ckpt)
 
 
 def load_mpt_folder(url: str, cache_dir: str | None = None) -> tuple[GPT, Any]:
