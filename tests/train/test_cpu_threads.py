@@ -131,9 +131,11 @@ def test_busy_cores_give_one_thread_unless_the_user_chose(monkeypatch: pytest.Mo
     assert cpu_threads.choose_threads(torch.device("cpu"), None) == 2
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert cpu_threads.choose_threads(torch.device("meta"), None) == 2  # not a CPU run: untouched
-    monkeypatch.setattr(cpu_threads, "sample_busy_cpus", lambda: 0.0)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")                          # idle, but two ranks share them
-    assert cpu_threads.choose_threads(torch.device("cpu"), None) == 1
+    sampled = []
+    monkeypatch.setattr(cpu_threads, "sample_busy_cpus", lambda: sampled.append(1) or 0.0)
+    assert cpu_threads.choose_threads(torch.device("cpu"), None) == 2 and sampled == [1]  # idle: both cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")                          # two ranks share them: one each,
+    assert cpu_threads.choose_threads(torch.device("cpu"), None) == 1 and sampled == [1]  # with no sample
 
 
 @pytest.mark.parametrize(("saved", "current", "chosen", "expected"), [

@@ -176,8 +176,9 @@ def choose_threads(device: torch.device, torch_threads: int | None) -> int:
     affinity = affinity_cores()
     if device.type != "cpu" or threads_set_by_user(affinity):
         return torch.get_num_threads()
-    usable = usable_cpus(available_cores(), None, local_ranks())
-    busy = sample_busy_cpus()
+    available = available_cores()
+    usable = usable_cpus(available, None, local_ranks())
+    busy = sample_busy_cpus() if usable > 1 else None  # one thread either way: no 0.1 s sample
     threads = default_threads(usable, busy, affinity)
     if threads < usable:
         logger.warning("%.1f of the %d CPUs this process may use are busy with other processes: torch uses %d "
@@ -185,7 +186,7 @@ def choose_threads(device: torch.device, torch_threads: int | None) -> int:
                        "OMP_NUM_THREADS or torch_threads to choose", busy, affinity, threads, usable)
     elif threads != affinity:
         logger.info("torch uses %d thread(s): %d core(s) in this process's affinity mask, %d within its cgroup's "
-                    "CPU quota, shared by %d local rank(s)", threads, affinity, available_cores(), local_ranks())
+                    "CPU quota, shared by %d local rank(s)", threads, affinity, available, local_ranks())
     torch.set_num_threads(threads)
     return threads
 
