@@ -32,10 +32,12 @@ EXPORT_FORMAT = "tessera-gpt"  # the `format` of an export's config.json
 DCP_METADATA = ".metadata"  # the index of a torch.distributed.checkpoint folder
 CONFIG = "config.json"
 Kind = Literal["transformers", "export", "checkpoint", "composer"]
+# The first bytes of a compressed file: a compressed .pt, which the Composer reader refuses with what to do.
+COMPRESSED_MAGIC = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"\x04\x22\x4d\x18": "lz4", b"BZh": "bzip2",
+                    b"\xfd7zXZ": "xz"}
 # The first bytes of a Composer checkpoint file: torch.save's zip archive or older pickle stream, a .tar,
-# or a compressed .pt (which the reader refuses with what to do); (offset, magic).
-_CHECKPOINT_FILE_MAGIC = ((0, b"PK\x03\x04"), (0, b"\x80"), (257, b"ustar"), (0, b"\x1f\x8b"),
-                          (0, b"\x28\xb5\x2f\xfd"), (0, b"\x04\x22\x4d\x18"), (0, b"BZh"), (0, b"\xfd7zXZ"))
+# or a compressed one; (offset, magic).
+_CHECKPOINT_FILE_MAGIC = ((0, b"PK\x03\x04"), (0, b"\x80"), (257, b"ustar"), *((0, m) for m in COMPRESSED_MAGIC))
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 
 

@@ -51,7 +51,7 @@ import torch
 from tessera.llm.hf.cache import default_cache_dir
 from tessera.llm.hf.mpt import MptUnsupported, gpt_config_from_mpt, gpt_names, gpt_state_from_mpt
 from tessera.llm.model import GPT, GPTConfig
-from tessera.llm.model_source import is_remote
+from tessera.llm.model_source import COMPRESSED_MAGIC, is_remote
 from tessera.progress import WorkProgress
 from tessera.storage import download_from, open_store, split_url
 from tessera.train.optim import DecoupledAdamW
@@ -59,8 +59,6 @@ from tessera.train.time import Timestamp
 
 PREFIX = "model."  # Composer's HuggingFaceModel holds the MPT as `.model`
 TAR_MEMBER = "composer_states.pt"
-_COMPRESSED = {b"\x1f\x8b": "gzip", b"\x28\xb5\x2f\xfd": "zstd", b"\x04\x22\x4d\x18": "lz4", b"BZh": "bzip2",
-               b"\xfd7zXZ": "xz"}
 _OPTIMIZERS = {"DecoupledAdamW": DecoupledAdamW, "AdamW": torch.optim.AdamW}
 
 
@@ -168,7 +166,7 @@ def _local_file(url: str) -> Iterator[Path]:
             raise ComposerCheckpointError(f"{url}: no such checkpoint file")
         with path.open("rb") as f:
             head = f.read(6)
-        kind = next((name for magic, name in _COMPRESSED.items() if head.startswith(magic)), None)
+        kind = next((name for magic, name in COMPRESSED_MAGIC.items() if head.startswith(magic)), None)
         if kind is not None:
             raise ComposerCheckpointError(f"{url}: a {kind}-compressed checkpoint; decompress it first "
                                           f"(Tessera reads .pt and .tar Composer checkpoints)")
