@@ -139,11 +139,9 @@ class Platform:
     # --- runs -------------------------------------------------------------------------------------
 
     def create_run(self, spec: RunSpec | dict[str, Any] | str | Path, *, cluster: str | None = None,
-                   workdir: str | Path | None = None, supervise: bool = True, user: str | None = None,
-                   run_id: str | None = None) -> Run:
+                   workdir: str | Path | None = None, supervise: bool = True, user: str | None = None) -> Run:
         """Validate and submit a run; the supervisor starts it. `user` is who submitted it (the server
-        passes its API user); the OS user by default. `run_id` is the id to give it (the server picks it
-        first, so that its audit entry names the run before the run exists); a new one by default. The
+        passes its API user); the OS user by default. The
         database decides between racing submissions of one name before any file is written (RunExists
         for the losers); the winner's folder holds the winner's spec."""
         spec = as_spec(spec)
@@ -161,7 +159,7 @@ class Platform:
                             f"`tessera run restart {spec.name}`")
         folder = self.home / "runs" / spec.name
         now = time.time()
-        record = RunRecord(run_id or new_run_id(), spec.name, spec.model_dump(mode="json"), PENDING, cluster,
+        record = RunRecord(new_run_id(), spec.name, spec.model_dump(mode="json"), PENDING, cluster,
                            now, now, str(folder), workdir=str(Path(workdir or Path.cwd()).resolve()),
                            next_cause="submitted", user=user or os_user())
         self.db.insert_run(record, event=f"run created for cluster {cluster}",
@@ -337,14 +335,13 @@ class Platform:
         return self.get_run(name)
 
     def clone_run(self, name: str, new_name: str, *, cluster: str | None = None, gpus: int | None = None,
-                  user: str | None = None, run_id: str | None = None) -> Run:
+                  user: str | None = None) -> Run:
         """Submit the run's spec again as `new_name` (on `cluster`, with `gpus` per node, when given),
-        from the same working directory; the clone is `user`'s (default: the OS user), with id `run_id`
-        as in create_run."""
+        from the same working directory; the clone is `user`'s (default: the OS user)."""
         record = self._record(name)
         spec = cloned_spec(RunSpec.model_validate(record.spec), new_name, cluster=cluster or record.cluster,
                            gpus=gpus)
-        return self.create_run(spec, workdir=record.workdir, user=user, run_id=run_id)
+        return self.create_run(spec, workdir=record.workdir, user=user)
 
     def run_metrics(self, name: str, after: int = 0) -> tuple[list[dict[str, Any]], int]:
         """(metric rows the run reported after point `after`, secret values masked as in its logs; the

@@ -25,11 +25,9 @@ class AuditLog:
         self.engine = engine
 
     @contextmanager
-    def change(self, who: Principal, action: str, target: str, detail: str = "", *,
-               ref: str | None = None) -> Iterator[AuditNote]:
+    def change(self, who: Principal, action: str, target: str, detail: str = "") -> Iterator[AuditNote]:
         """Record the change made inside the `with` block, in its own transaction; the handler may set the
-        entry's `target` and `detail` once it knows the outcome. (`ref`, the id of the run a submit
-        makes, is no longer needed to decide the entry: accepted and unused.)"""
+        entry's `target` and `detail` once it knows the outcome."""
         note = AuditNote(who.user, who.team, action, target, detail)
         with noting(note):
             yield note

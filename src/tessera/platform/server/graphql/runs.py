@@ -31,7 +31,7 @@ from tessera.platform.server.graphql.selection import Selection, named, select_r
 from tessera.platform.server.graphql.views import run_view
 from tessera.platform.server.state import ServerState
 from tessera.platform.spec.mcli import priority_from_mcli, to_run_spec
-from tessera.platform.store.state import TERMINAL, new_run_id
+from tessera.platform.store.state import TERMINAL
 
 Ctx = Info[Context, Any]
 
@@ -63,9 +63,8 @@ async def create_run(info: Ctx, create_run_data: CreateRunInput) -> list[types.R
 
     def work(platform: Platform, who: Principal) -> list[types.Run]:
         spec = to_run_spec(to_mcli_yaml(create_run_data.run_input), "createRun runInput")
-        run_id = new_run_id()
-        with state.audit.change(who, "submit", spec.name, ref=run_id) as entry:
-            run = platform.create_run(spec, workdir=state.teams.home(who.team), user=who.user, run_id=run_id)
+        with state.audit.change(who, "submit", spec.name) as entry:
+            run = platform.create_run(spec, workdir=state.teams.home(who.team), user=who.user)
             entry.detail = f"cluster {run.cluster}"
         return [run_view(platform.run_detail(run))]
 

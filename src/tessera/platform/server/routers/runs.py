@@ -1,7 +1,6 @@
 """Runs: list (a page at a time), submit, describe, and the lifecycle verbs (stop, restart, move, clone,
-update, delete). Each handler is one call of the team's Platform inside its audit entry (audit.py:
-written before the change, done before the answer). A submit or clone picks the new run's id first, so
-its entry names it. Every answer is a model of api/models.py; a verb's is the run it returned, described
+update, delete). Each handler is one call of the team's Platform inside its audit entry, which commits
+in the change's own transaction (store/audit.py). Every answer is a model of api/models.py; a verb's is the run it returned, described
 without reading it again (Platform.run_detail)."""
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from tessera.platform.runs.info import Run
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import Cursor, Limit, RunName, UserFilter
 from tessera.platform.spec.schema import NAME_MAX, validate_name
-from tessera.platform.store.state import new_run_id
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -51,10 +49,9 @@ def _detail(platform: Platform, run: Run) -> RunDetail:
 
 @router.post("", status_code=201)
 def submit_run(body: SubmitRun, who: CurrentUser, state: State, platform: TeamPlatform) -> RunDetail:
-    spec, run_id = as_spec(body.spec), new_run_id()
-    with state.audit.change(who, "submit", spec.name, ref=run_id) as entry:
-        run = platform.create_run(spec, cluster=body.cluster, workdir=state.teams.home(who.team), user=who.user,
-                                  run_id=run_id)
+    spec = as_spec(body.spec)
+    with state.audit.change(who, "submit", spec.name) as entry:
+        run = platform.create_run(spec, cluster=body.cluster, workdir=state.teams.home(who.team), user=who.user)
         entry.detail = f"cluster {run.cluster}"
     return _detail(platform, run)
 
@@ -90,9 +87,8 @@ def move_run(name: RunName, body: MoveRun, who: CurrentUser, state: State, platf
 @router.post("/{name}/clone", status_code=201)
 def clone_run(name: RunName, body: CloneRun, who: CurrentUser, state: State, platform: TeamPlatform
               ) -> RunDetail:
-    run_id = new_run_id()
-    with state.audit.change(who, "clone", name, f"as {body.name}", ref=run_id) as entry:
-        run = platform.clone_run(name, body.name, cluster=body.cluster, gpus=body.gpus, user=who.user, run_id=run_id)
+    with state.audit.change(who, "clone", name, f"as {body.name}") as entry:
+        run = platform.clone_run(name, body.name, cluster=body.cluster, gpus=body.gpus, user=who.user)
         entry.detail = f"as {run.name} on cluster {run.cluster}"
     return _detail(platform, run)
 
