@@ -207,3 +207,12 @@ def test_one_did_you_mean_for_every_layer() -> None:
     assert hint("lrr", ["lr", "betas"]) == "; did you mean 'lr'?"
     assert hint("zzz", ["lr", "betas"]) == "" and hint("zzz", ["lr"], list_known=True) == "; known keys: lr"
     assert hint("shufle", ["shuffle"], prefix="data.train.") == "; did you mean 'data.train.shuffle'?"
+
+
+def test_the_lease_option_default_is_the_stores() -> None:
+    """cli/server.py keeps its own copy of the default (every `tessera` command loads it, the store is
+    not imported there): the two must not drift apart."""
+    from tessera.cli.server import DEFAULT_LEASE_SECONDS as shown
+    from tessera.platform.store.leases import DEFAULT_LEASE_SECONDS
+
+    assert shown == DEFAULT_LEASE_SECONDS
