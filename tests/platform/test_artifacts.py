@@ -105,9 +105,13 @@ def test_run_files_are_written_whole_under_team_and_run_id(root: str, tmp_path: 
     assert RunSpec.model_validate(yaml.safe_load(artifacts.read_file("0123abcd", "spec.yaml"))) == edited
 
     folder = tmp_path / "elsewhere" / "job"          # a replica that did not take the submission
-    artifacts.fetch_run_files("0123abcd", folder)
+    artifacts.place_run_files("0123abcd", edited, folder)
     assert yaml.safe_load((folder / "parameters.yaml").read_text()) == {"lr": 0.1, "tags": ["a"]}
+    assert RunSpec.model_validate(yaml.safe_load((folder / "spec.yaml").read_text())) == edited
     assert (folder / "parameters.yaml").stat().st_mode & 0o777 == 0o600
+    (folder / "parameters.yaml").write_text("lr: 0.2\n")  # what the host has is kept
+    artifacts.place_run_files("0123abcd", edited, folder)
+    assert yaml.safe_load((folder / "parameters.yaml").read_text()) == {"lr": 0.2}
     assert ArtifactStore.open(root, "blue").run_prefix("0123abcd") == "blue/runs/0123abcd/"
 
     artifacts.delete_run("0123abcd")

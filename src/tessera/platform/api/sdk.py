@@ -50,6 +50,7 @@ from tessera.platform.store.state import (
     ACTIVE,
     PENDING,
     TERMINAL,
+    EventRecord,
     RunRecord,
     StateDB,
     new_run_id,
@@ -147,26 +148,31 @@ class Platform:
         spec = as_spec(spec)
         cluster = cluster or spec.compute.cluster or LOCAL
         spec = spec.model_copy(update={"compute": spec.compute.model_copy(update={"cluster": cluster})})
-        backend = self.backend(cluster)
+        with one_reader(self.db.engine):    # the cluster and the secrets, one connection
+            backend = self.backend(cluster)
+            known = {i.name for i in self.secrets.list()} if spec.secrets else set()
         backend.check(spec)
-        missing = [s for s in spec.secrets if s not in {i.name for i in self.secrets.list()}]
+        missing = [s for s in spec.secrets if s not in known]
         if missing:
             raise SpecError(f"run {spec.name!r} names secret(s) that do not exist: {', '.join(missing)} "
                             f"(create them with `tessera secret create ...`)")
-        existing = self.db.get_run(spec.name)
-        if existing:
-            raise RunExists(f"a run named {spec.name!r} exists ({existing.status}); choose another name, or "
-                            f"`tessera run restart {spec.name}`")
         folder = self.home / "runs" / spec.name
         now = time.time()
         record = RunRecord(new_run_id(), spec.name, spec.model_dump(mode="json"), PENDING, cluster,
                            now, now, str(folder), workdir=str(Path(workdir or Path.cwd()).resolve()),
                            next_cause="submitted", user=user or os_user())
-        self.db.insert_run(record, event=f"run created for cluster {cluster}",
-                           publish=lambda: write_run_folder(folder, spec, self.artifacts, record.id))
+        created = f"run created for cluster {cluster}"
+        try:
+            self.db.insert_run(record, event=created, publish=lambda: write_run_folder(folder, spec))
+        except RunExists:
+            existing = self.db.get_run(spec.name)
+            status = f" ({existing.status})" if existing else ""
+            raise RunExists(f"a run named {spec.name!r} exists{status}; choose another name, or "
+                            f"`tessera run restart {spec.name}`") from None
         if supervise:
             self._supervise()
-        return self.get_run(record.id)
+        # what was stored, as stored: reading it back would cost a request two more round trips
+        return Run.from_record(record, [], [EventRecord(0, record.id, now, "created", created)])
 
     def _record(self, name: str, include_deleted: bool = False) -> RunRecord:
         record = self.db.get_run(name, include_deleted=include_deleted)
@@ -377,9 +383,10 @@ class Platform:
             lease = lease_of(self.db.engine, run.id)
         return run.describe(lease, redact)
 
-    def run_detail(self, run: Run) -> dict[str, Any]:
-        """`describe_run`'s answer for a run a verb just returned (create_run, stop_run, ...): not read again."""
-        return run.describe(lease_of(self.db.engine, run.id), self.secrets.redactor())
+    def run_detail(self, run: Run, *, new: bool = False) -> dict[str, Any]:
+        """`describe_run`'s answer for a run a verb just returned (create_run, stop_run, ...): not read
+        again. A `new` run (create_run's) has had no supervisor yet: its lease is not asked for."""
+        return run.describe(None if new else lease_of(self.db.engine, run.id), self.secrets.redactor())
 
     def describe_runs(self, run_ids: list[str], *, include_deleted: bool = False) -> list[dict[str, Any]]:
         """`describe_run` of each of these runs that exists (deleted: with `include_deleted`), in one reader."""

@@ -3,8 +3,8 @@
 tessera.storage, one code path for both). Without one, a folder inside the home, so a single machine
 works as it did.
 
-    <team>/runs/<run_id>/spec.yaml                       written at submit (and on an edit), whole
-    <team>/runs/<run_id>/parameters.yaml                 written at submit
+    <team>/runs/<run_id>/spec.yaml                       written at its first launch (and on an edit), whole
+    <team>/runs/<run_id>/parameters.yaml                 written at its first launch
     <team>/runs/<run_id>/logs/r<resumption>/node-<rank>/<seq>.chunk     each node's log (chunks.py)
     <team>/runs/<run_id>/metrics/<seq>.chunk             what the run reports to TESSERA_METRICS
 
@@ -24,7 +24,7 @@ import yaml
 from tessera.platform.home import write_private
 from tessera.platform.runs.chunks import Chain
 from tessera.platform.spec.run_spec import RunSpec, validate_name
-from tessera.storage import NotFound, Store, open_store
+from tessera.storage import Store, open_store
 
 ENV_ARTIFACTS_URL = "TESSERA_ARTIFACTS_URL"
 HOME_FOLDER = "artifacts"     # the root inside a home when no URL is given
@@ -69,7 +69,8 @@ class ArtifactStore:
     # --- run files --------------------------------------------------------------------------------
 
     def put_run_files(self, run_id: str, spec: RunSpec) -> None:
-        """The spec and parameters of a run just submitted (each put is atomic: whole or absent)."""
+        """The spec and parameters of a run about to be launched the first time (each put is atomic: whole or
+        absent)."""
         prefix = self.run_prefix(run_id)
         self.store.put(prefix + PARAMETERS_FILE, yaml.safe_dump(spec.parameters, sort_keys=False).encode())
         self.store.put(prefix + SPEC_FILE, spec.to_yaml().encode())
@@ -84,18 +85,16 @@ class ArtifactStore:
             raise ValueError(f"a run's files are {SPEC_FILE} and {PARAMETERS_FILE}, not {name!r}")
         return self.store.get(self.run_prefix(run_id) + name)
 
-    def fetch_run_files(self, run_id: str, folder: Path) -> None:
-        """Make spec.yaml and parameters.yaml exist in a run's local folder (a host that did not take the
-        submission supervises it; its processes read TESSERA_PARAMETERS there)."""
-        for name in (SPEC_FILE, PARAMETERS_FILE):
-            if (folder / name).exists():
-                continue
-            try:
-                data = self.read_file(run_id, name)
-            except NotFound:
-                continue      # submitted before artifacts existed: its folder has the files, or never did
-            folder.mkdir(parents=True, exist_ok=True)
-            write_private(folder / name, data)
+    def place_run_files(self, run_id: str, spec: RunSpec, folder: Path) -> None:
+        """Make spec.yaml and parameters.yaml exist in a run's local folder on the host that launches it
+        (its processes read TESSERA_PARAMETERS there), from the spec the store holds: a host that did not
+        take the submission has no copy."""
+        files = {SPEC_FILE: spec.to_yaml().encode(),
+                 PARAMETERS_FILE: yaml.safe_dump(spec.parameters, sort_keys=False).encode()}
+        for name, data in files.items():
+            if not (folder / name).exists():
+                folder.mkdir(parents=True, exist_ok=True)
+                write_private(folder / name, data)
 
     def delete_run(self, run_id: str) -> None:
         """Everything a deleted run left."""

@@ -21,16 +21,17 @@ from tessera.platform.spec.run_spec import RunSpec
 OTHER_REPLICAS = ".replicated"   # runs/<this>/<run id>: runs another replica took the submission of
 
 
-def write_run_folder(folder: Path, spec: RunSpec, artifacts: ArtifactStore, run_id: str) -> None:
-    """The folder of a run whose name was just claimed, and its spec and parameters in the artifacts
-    store. A folder of that name left by a deleted run, or by a claim that was rolled back (a server
-    killed mid-submit), is cleared first."""
+def write_run_folder(folder: Path, spec: RunSpec) -> None:
+    """The folder of a run whose name was just claimed. A folder of that name left by a deleted run, or
+    by a claim that was rolled back (a server killed mid-submit), is cleared first. Its copy in the
+    artifacts store is made by whoever first launches the run (supervision/submission.py), from the
+    spec the store holds: a submission makes no write outside the database's transaction that is
+    flushed to disk, so it costs one commit."""
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     (folder / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")
     (folder / "parameters.yaml").write_text(yaml.safe_dump(spec.parameters, sort_keys=False), encoding="utf-8")
-    artifacts.put_run_files(run_id, spec)
 
 
 def write_spec(folder: Path, spec: RunSpec, artifacts: ArtifactStore, run_id: str) -> None:

@@ -65,7 +65,9 @@ def start_resumption(ctx: SupervisorContext, run: RunRecord, res: ResumptionReco
     if problem:
         ctx.finish(run, FAILED, f"cannot start on {run.cluster}: {problem}", kind="insufficient_nodes")
         return
-    ctx.artifacts.fetch_run_files(run.id, local)   # parameters.yaml, where another replica took the run
+    ctx.artifacts.place_run_files(run.id, spec, local)   # parameters.yaml, where another replica took the run
+    if idx == 0:     # before the first resumption exists: a takeover that launches it again puts them again
+        ctx.artifacts.put_run_files(run.id, spec)
     folder.mkdir(parents=True, exist_ok=True)
     # The intent first: if this process dies after sbatch succeeded but before the job id is stored,
     # the next supervisor finds the job by this row (`_adopt`) instead of orphaning it.

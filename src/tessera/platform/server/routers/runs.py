@@ -21,6 +21,7 @@ from tessera.platform.api.models import (
     UpdateRun,
 )
 from tessera.platform.api.sdk import Platform
+from tessera.platform.clusters import LOCAL
 from tessera.platform.runs.info import Run
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import Cursor, Limit, RunName, UserFilter
@@ -42,18 +43,19 @@ def list_runs(platform: TeamPlatform, user: UserFilter,
     return platform.run_page(statuses, cluster, user=user, q=q or None, cursor=cursor, limit=limit)
 
 
-def _detail(platform: Platform, run: Run) -> RunDetail:
+def _detail(platform: Platform, run: Run, *, new: bool = False) -> RunDetail:
     """The run a verb returned, as `describe_run` answers (not read again)."""
-    return RunDetail.model_validate(platform.run_detail(run))
+    return RunDetail.model_validate(platform.run_detail(run, new=new))
 
 
 @router.post("", status_code=201)
 def submit_run(body: SubmitRun, who: CurrentUser, state: State, platform: TeamPlatform) -> RunDetail:
     spec = as_spec(body.spec)
-    with state.audit.change(who, "submit", spec.name) as entry:
-        run = platform.create_run(spec, cluster=body.cluster, workdir=state.teams.home(who.team), user=who.user)
-        entry.detail = f"cluster {run.cluster}"
-    return _detail(platform, run)
+    cluster = body.cluster or spec.compute.cluster or LOCAL
+    # the entry's detail known before the change: written once, in the change's own transaction
+    with state.audit.change(who, "submit", spec.name, f"cluster {cluster}"):
+        run = platform.create_run(spec, cluster=cluster, workdir=state.teams.home(who.team), user=who.user)
+    return _detail(platform, run, new=True)
 
 
 @router.get("/{name}")
