@@ -28,13 +28,14 @@ HOST=$(hostname -s)
 CONF=$DIR/etc/slurm.conf
 export SLURM_CONF=$CONF
 log() { echo "slurm-up: $*" >&2; }
+source "$(dirname "$0")/apt-install.sh"
 
 if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
   command -v apt-get >/dev/null || { log "slurmctld/munged missing and no apt-get to install them"; exit 3; }
   log "installing slurm-wlm and munge (apt-get, ~15 s)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq slurm-wlm munge >&2
+  apt_locked apt-get update -qq >&2
+  apt_locked apt-get install -y -qq slurm-wlm munge >&2
 fi
 
 mkdir -p "$DIR"/{etc,state,log,run} "$SPOOL"

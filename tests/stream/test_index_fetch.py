@@ -51,8 +51,11 @@ def test_index_json_is_downloaded_once_per_node(tmp_path: Path, monkeypatch: pyt
     assert len(log.read_text().splitlines()) == 3
 
 
-def _count_downloads(log: str) -> None:
-    """Pool initializer of a spawned rank: log each index.json download of this process (pid per line)."""
+def _count_downloads(log: str, env: dict[str, str] | None = None) -> None:
+    """Pool initializer of a spawned rank: log each index.json download of this process (pid per line).
+    `env`: the S3 settings, given explicitly: a forkserver that an earlier test started has the
+    environment of then, not this test's."""
+    os.environ.update(env or {})
     download = index_fetch.download_from
 
     def counted(*args: object, **kwargs: object) -> int:
@@ -63,7 +66,7 @@ def _count_downloads(log: str) -> None:
     index_fetch.download_from = counted
 
 
-def test_index_json_on_s3_is_downloaded_once_per_node(s3_bucket: str, tmp_path: Path,
+def test_index_json_on_s3_is_downloaded_once_per_node(s3_bucket: str, s3_env: dict[str, str], tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The same with an object store's HEAD (etag, last modified) naming the remote object, and ranks that
     are not fork()ed from this process (forkserver: none inherits its obstore runtime or its patches)."""
@@ -71,7 +74,7 @@ def test_index_json_on_s3_is_downloaded_once_per_node(s3_bucket: str, tmp_path: 
     _write(remote, 100)
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["tessera.stream"])  # (imported once by the server, if it starts here)
-    with context.Pool(4, _count_downloads, (str(log),)) as pool:
+    with context.Pool(4, _count_downloads, (str(log), s3_env)) as pool:
         assert pool.map(_samples, [(remote, str(cache))] * 4) == [100] * 4
     assert len(log.read_text().splitlines()) == 1
     monkeypatch.setattr(index_fetch, "download_from", index_fetch.download_from)  # restored after the test

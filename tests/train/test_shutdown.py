@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -49,6 +50,11 @@ def _rank(out: Path, data: str) -> None:
     trainer.fit()
     seen["fitted"] = gloo_threads()
     trainer.close()
+    # a group's threads end as its destructor joins them: on a loaded machine one may still be leaving
+    # when close() returns; one left to the interpreter's exit would still be here after seconds
+    deadline = time.monotonic() + 10
+    while gloo_threads() > seen["default group"] and time.monotonic() < deadline:
+        time.sleep(0.05)
     seen["closed"] = gloo_threads()
     seen["save threads after close"] = sum(n for name, n in threads().items() if name.startswith("tessera-ckpt"))
     del trainer
