@@ -17,7 +17,8 @@ The sample order itself is pure functions in `tessera.stream.batching` (import f
 """
 
 from tessera.stream.batching.resume_state import PlanStateMismatch
-from tessera.stream.cache import CacheLimitError, download_counts
+from tessera.stream.cache import download_counts
+from tessera.stream.cache_limit import CacheLimitError
 from tessera.stream.dataset import StreamingDataset
 from tessera.stream.loader import StreamingDataLoader
 from tessera.stream.mosaic_api import clean_stale_shared_memory, generate_work

@@ -5,8 +5,8 @@ with `flock`ed files in the cache's state folder (beside it: storage/state_folde
 renames, never shared memory:
 - one exclusive lock per shard serialises its download (others wait, then find it present);
 - a reader holds a shared lock on the shard's pin file, and eviction only removes a shard whose pin
-  it can lock exclusively without waiting, so a shard being read is never evicted;
-- one exclusive lock on the cache makes "measure usage, evict, reserve" a single step;
+  it can lock exclusively without waiting, so a shard being read is never evicted (the limit's checks and
+  the eviction that keeps to it: cache_limit.py);
 - the kernel drops every lock of a process that dies, so `kill -9` leaves nothing that blocks.
 A file is valid only next to a stamp naming the index entry it was downloaded for: when the remote
 index changes, a cached shard whose entry changed is fetched again instead of being served stale.
@@ -21,7 +21,6 @@ import contextlib
 import fcntl
 import glob
 import json
-import math
 import os
 import resource
 import time
@@ -29,21 +28,20 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import xxhash
 
 from tessera.shards.fetch import decompress_file
-from tessera.shards.index import ShardEntry
+from tessera.shards.index import INDEX_BASENAME, ShardEntry
 from tessera.storage import IntegrityError, Store, download_from
-from tessera.storage.local import TMP_MARK, is_temp_name, temp_path_for, write_atomic
+from tessera.storage.local import TMP_MARK, temp_path_for, write_atomic
 from tessera.storage.locks import flocked
-from tessera.storage.state_folder import is_state_folder, state_folder
+from tessera.storage.state_folder import state_folder
+from tessera.stream.cache_limit import CacheSpace, lock_path, stamp_path
 from tessera.stream.integrity import remember_verified, verify_file
 from tessera.stream.local_claim import LocalClaim
 
 DOWNLOAD_LOG = "downloads.log"
-INDEX_NAME = "index.json"
 
 
 def raise_open_file_limit() -> None:
@@ -54,42 +52,6 @@ def raise_open_file_limit() -> None:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
 
-
-class CacheLimitError(RuntimeError, ValueError):
-    """The cache limit is too small to hold what training needs at once (a ValueError, as in MosaicML)."""
-
-
-def largest_shard(streams: list[Any]) -> int:
-    """Cache bytes one shard of these (loaded) streams needs at most (raw + compressed while decompressed)."""
-    return max((st.packed.largest_shard for st in streams if st.remote_store is not None), default=0)
-
-
-def index_bytes(streams: list[Any]) -> int:
-    """Bytes of the index.json files in the cache folders of these (loaded) streams: never evicted, they
-    count against the cache limit, as in MosaicML."""
-    return sum((st.local_root / INDEX_NAME).stat().st_size for st in streams if st.remote_store is not None)
-
-
-def shards_fit(cache_limit: int, streams: list[Any]) -> int:
-    """How many of the largest shard fit under the limit beside the index.json files."""
-    return max(0, cache_limit - index_bytes(streams)) // max(1, largest_shard(streams))
-
-
-def check_cache_limit(cache_limit: int | None, streams: list[Any]) -> None:
-    """A limit that cannot hold the index.json files and two of the largest shard could not make
-    progress: an error at construction (in MosaicML's words, which its users' code may match)."""
-    if cache_limit is None:
-        return
-    indexes = index_bytes(streams)
-    if cache_limit <= indexes:
-        raise CacheLimitError(f"Minimum cache usage ({indexes} bytes, the index.json files) is larger than the "
-                              f"cache limit ({cache_limit} bytes); raise cache_limit")
-    biggest = largest_shard(streams)
-    if cache_limit < indexes + 2 * biggest:
-        raise CacheLimitError(f"Cache limit ({cache_limit} bytes) is too low. Increase the `cache_limit` to at "
-                              f"least {indexes + 2 * biggest} bytes: the index.json files ({indexes} bytes) and "
-                              f"twice the largest shard ({biggest} bytes, raw + compressed), without which "
-                              "training could not make progress")
 
 
 def entry_stamp(entry: ShardEntry) -> str:
@@ -109,13 +71,12 @@ def download_counts(root: str | Path) -> Counter[str]:
 
 @dataclass
 class CacheStats:
-    """Counters for the per-stage breakdown users can print."""
+    """Counters for the per-stage breakdown users can print (evictions: `CacheSpace.evictions`)."""
 
     downloads: int = 0
     bytes_downloaded: int = 0
     download_seconds: float = 0.0
     decompress_seconds: float = 0.0
-    evictions: int = 0
     hits: int = 0
 
 
@@ -131,26 +92,20 @@ class ShardCache:
                  peer_roots: list[Path] | None = None) -> None:
         self.root = Path(root)
         self.remote = remote
-        self.cache_limit = cache_limit if remote is not None else None
         self.validate_hash = validate_hash
         self.keep_zip = keep_zip
         # Every stream's folder: `cache_limit` bounds their sum, and any of them may be evicted from.
-        self.peer_roots = [Path(p) for p in peer_roots] if peer_roots else [self.root]
-        self._states = {r: state_folder(r) for r in {self.root, *self.peer_roots}}
-        self.meta = self._states[self.root]
+        peers = [Path(p) for p in peer_roots] if peer_roots else [self.root]
+        states = {r: state_folder(r) for r in {self.root, *peers}}
+        self.meta = states[self.root]
+        self.space = CacheSpace(self.root, peers, states, cache_limit if remote is not None else None)
         # Before anything is written to the folder: another remote's live dataset using it is refused.
-        self.claim = LocalClaim(self.root, remote.url_for(INDEX_NAME)) if remote is not None else None
+        self.claim = LocalClaim(self.root, remote.url_for(INDEX_BASENAME)) if remote is not None else None
         self.stats = CacheStats()
 
     # paths -------------------------------------------------------------------------------
     def path(self, entry: ShardEntry) -> Path:
         return self.root / entry.raw_data.basename
-
-    def _stamp_path(self, basename: str, root: Path | None = None) -> Path:
-        return self._states[root or self.root] / "stamps" / (basename.replace("/", "__") + ".stamp")
-
-    def _lock_path(self, basename: str, kind: str, root: Path | None = None) -> Path:
-        return self._states[root or self.root] / "locks" / f"{basename.replace('/', '__')}.{kind}"
 
     # queries -----------------------------------------------------------------------------
     def is_ready(self, entry: ShardEntry) -> bool:
@@ -161,7 +116,7 @@ class ShardCache:
         try:
             if path.stat().st_size != entry.raw_data.bytes:
                 return False
-            return self._stamp_path(entry.raw_data.basename).read_text() == entry_stamp(entry)
+            return stamp_path(self.meta, entry.raw_data.basename).read_text() == entry_stamp(entry)
         except FileNotFoundError:
             return False
 
@@ -171,7 +126,7 @@ class ShardCache:
         """Make the raw shard present locally and return its path (idempotent, process-safe).
 
         `optional=True` (prefetching) fetches only if the shard fits under cache_limit without passing
-        it, and returns None otherwise; a reader's own fetch always proceeds (see `make_room`).
+        it, and returns None otherwise; a reader's own fetch always proceeds (see `CacheSpace.make_room`).
         """
         if self.is_ready(entry):
             self.stats.hits += 1
@@ -179,17 +134,17 @@ class ShardCache:
         if self.remote is None:
             return self._unpack_local(entry)
         basename = entry.raw_data.basename
-        with flocked(self._lock_path(basename, "dl"), fcntl.LOCK_EX):
+        with flocked(lock_path(self.meta, basename, "dl"), fcntl.LOCK_EX):
             if self.is_ready(entry):  # another process fetched it while we waited
                 return self.path(entry)
             self._remove_partial_downloads(entry)
             need = entry.raw_data.bytes + (entry.zip_data.bytes if entry.zip_data else 0)
-            if not self.make_room(need, rank_of, reserve=basename, optional=optional):
+            if not self.space.make_room(need, rank_of, reserve=basename, optional=optional):
                 return None
             try:
                 self._download(entry)
             finally:
-                self._reservation_path(basename).unlink(missing_ok=True)
+                self.space.reservation_path(basename).unlink(missing_ok=True)
         return self.path(entry)
 
     def _local_ready(self, entry: ShardEntry) -> bool:
@@ -202,7 +157,7 @@ class ShardCache:
             return path.exists()  # uncompressed, or the raw file outlived its compressed copy: the only copy
         try:
             return (path.stat().st_size == entry.raw_data.bytes
-                    and self._stamp_path(entry.raw_data.basename).read_text() == stamp)
+                    and stamp_path(self.meta, entry.raw_data.basename).read_text() == stamp)
         except FileNotFoundError:
             return False
 
@@ -226,7 +181,7 @@ class ShardCache:
         if entry.zip_data is None:
             raise FileNotFoundError(f"{path}: shard missing and no remote to fetch it from")
         zip_path = self.root / entry.zip_data.basename
-        with flocked(self._lock_path(entry.raw_data.basename, "dl"), fcntl.LOCK_EX):
+        with flocked(lock_path(self.meta, entry.raw_data.basename, "dl"), fcntl.LOCK_EX):
             if self.is_ready(entry):  # another process decompressed it while we waited
                 return path
             stamp = self._unpacked_stamp(entry)
@@ -238,7 +193,7 @@ class ShardCache:
             decompress_file(zip_path, entry.zip_data, entry.compression, entry.raw_data, path, str(zip_path),
                             None, self._check)
             self.stats.decompress_seconds += time.perf_counter() - t0
-            write_atomic(self._stamp_path(entry.raw_data.basename), stamp.encode())
+            write_atomic(stamp_path(self.meta, entry.raw_data.basename), stamp.encode())
         return path
 
     def _remove_partial_downloads(self, entry: ShardEntry) -> None:
@@ -271,7 +226,7 @@ class ShardCache:
         self.stats.bytes_downloaded += stored.bytes
         if entry.zip_data is not None:
             self._decompress(entry, dest)
-        stamp = self._stamp_path(entry.raw_data.basename)
+        stamp = stamp_path(self.meta, entry.raw_data.basename)
         stamp.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_path_for(stamp)
         tmp.write_text(entry_stamp(entry))
@@ -325,132 +280,9 @@ class ShardCache:
         if self.remote is None:
             yield
             return
-        with flocked(self._lock_path(entry.raw_data.basename, "pin"), fcntl.LOCK_SH) as fd:
-            os.utime(fd)  # when it was last opened: eviction's tie-break (`_last_use`)
+        with flocked(lock_path(self.meta, entry.raw_data.basename, "pin"), fcntl.LOCK_SH) as fd:
+            os.utime(fd)  # when it was last opened: eviction's tie-break (`CacheSpace._last_use`)
             yield
-
-    def _shard_files(self) -> list[tuple[Path, Path]]:
-        """(root, file) for every cached shard file under every peer root."""
-        out = []
-        for root in self.peer_roots:
-            for dirpath, dirnames, filenames in os.walk(root):
-                dirnames[:] = [d for d in dirnames if not is_state_folder(d)]
-                out.extend((root, Path(dirpath, name)) for name in filenames
-                           if name != INDEX_NAME and not is_temp_name(name))
-        return out
-
-    def usage(self) -> int:
-        """Bytes of the cache: shard files and index.json files, as MosaicML counts its `cache_limit`
-        (temp files of in-flight downloads excluded)."""
-        total = self._index_bytes()
-        for _, path in self._shard_files():
-            with contextlib.suppress(FileNotFoundError):
-                total += path.stat().st_size
-        return total
-
-    def _index_bytes(self) -> int:
-        """The index.json files of every peer root: never evicted, but they take their part of the limit."""
-        total = 0
-        for root in self.peer_roots:
-            with contextlib.suppress(FileNotFoundError):
-                total += (root / INDEX_NAME).stat().st_size
-        return total
-
-    def _reservation_path(self, basename: str, root: Path | None = None) -> Path:
-        return self._states[root or self.root] / "reserved" / basename.replace("/", "__")
-
-    def _reserved(self) -> int:
-        """Bytes reserved by downloads in flight (their temp files are not counted as shard files).
-
-        A reservation is live while its shard's download lock is held; one whose owner died is removed.
-        """
-        total = 0
-        for root in self.peer_roots:
-            folder = self._states[root] / "reserved"
-            try:
-                names = os.listdir(folder)
-            except FileNotFoundError:
-                continue
-            for name in names:
-                fd = os.open(self._states[root] / "locks" / f"{name}.dl", os.O_RDWR | os.O_CREAT, 0o644)
-                try:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    except BlockingIOError:  # a download in flight (maybe one of our own threads)
-                        with contextlib.suppress(FileNotFoundError, ValueError):
-                            total += int((folder / name).read_text() or 0)
-                        continue
-                    (folder / name).unlink(missing_ok=True)  # its owner died mid-download
-                finally:
-                    os.close(fd)
-        return total
-
-    def make_room(self, need: int, rank_of: Callable[[Path], float] | None = None, reserve: str | None = None,
-                  optional: bool = False) -> bool:
-        """Evict unpinned shards, needed-last first, until `need` more bytes fit under the limit.
-
-        Shard files and the reservations of downloads in flight count against the limit; `reserve`
-        (a shard basename) records this download's reservation in the same step. When the rest is pinned
-        by readers, an `optional` fetch gives up (returns False) and a reader's fetch goes on over the
-        limit rather than deadlock: the bound is cache_limit plus one in-flight shard per reader.
-        """
-        if self.cache_limit is None:
-            return True
-        if need > self.cache_limit:
-            raise CacheLimitError(f"cache_limit {self.cache_limit} bytes cannot hold one shard of {need} "
-                                  f"bytes; raise cache_limit")
-        with flocked(self._states[self.peer_roots[0]] / "cache.lock", fcntl.LOCK_EX):
-            files = self._shard_files()
-            used = self._reserved() + self._index_bytes()
-            for _, p in files:
-                with contextlib.suppress(FileNotFoundError):
-                    used += p.stat().st_size
-            rank = rank_of or (lambda _path: math.inf)
-            # A prefetch evicts only shards needed later than the one it fetches (else it would push out
-            # what the reader needs first, to be downloaded again); a reader's own fetch any unpinned one.
-            own = rank(self.root / reserve) if optional and reserve is not None else -math.inf
-            # Highest rank = needed furthest in the future (inf: not needed again this epoch): evict first;
-            # among equal ranks (every shard this process does not know a need of, such as those other
-            # processes sharing the cache read or prefetched), the least recently used first.
-            order = sorted(((rank(path), -self._last_use(root, path), root, path) for root, path in files),
-                           key=lambda item: item[:2], reverse=True)
-            for need_at, _, root, path in order:
-                if used + need <= self.cache_limit or need_at <= own:
-                    break
-                used -= self._try_evict(root, path)
-            if used + need > self.cache_limit and optional:
-                return False
-            if reserve is not None:
-                target = self._reservation_path(reserve)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(str(need))
-        return True
-
-    def _last_use(self, root: Path, path: Path) -> float:
-        """When a shard was last downloaded or opened by any process (file and pin-lock mtimes)."""
-        times = [0.0]
-        for p in (path, self._lock_path(path.relative_to(root).as_posix(), "pin", root)):
-            with contextlib.suppress(FileNotFoundError):
-                times.append(p.stat().st_mtime)
-        return max(times)
-
-    def _downloading(self, root: Path, basename: str) -> bool:
-        """Whether a download holds this file's shard: the file itself, or a compressed file being
-        decompressed (its download lock is the raw name's, the compressed name less its extension).
-        Evicting that compressed file mid-decompression failed the download ("compressed shard file is
-        missing"), seen with two ranks of two workers sharing a 10% cache."""
-        for name in {basename, basename.rsplit(".", 1)[0]}:
-            try:  # a lock file that does not exist is not held (and is not created here)
-                fd = os.open(self._lock_path(name, "dl", root), os.O_RDWR)
-            except FileNotFoundError:
-                continue
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            finally:
-                os.close(fd)
-        return False
 
     def evict(self, entry: ShardEntry) -> bool:
         """Remove a shard's files now (raw, and the compressed copy `keep_zip` kept): MosaicML's
@@ -460,31 +292,9 @@ class ShardCache:
             raise ValueError(f"{self.root}: a stream without a remote copy is never evicted from (its "
                              "shard files are the only copy of the data)")
         raw = self.path(entry)
-        if raw.exists() and not self._try_evict(self.root, raw):
+        if raw.exists() and not self.space.try_evict(self.root, raw):
             return False
-        if entry.zip_data is not None and not self._downloading(self.root, entry.zip_data.basename):
+        if entry.zip_data is not None and not self.space.downloading(self.root, entry.zip_data.basename):
             (self.root / entry.zip_data.basename).unlink(missing_ok=True)
         return True
 
-    def _try_evict(self, root: Path, path: Path) -> int:
-        basename = path.relative_to(root).as_posix()
-        lock = self._lock_path(basename, "pin", root)
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return 0  # someone is reading it
-            if self._downloading(root, basename):
-                return 0
-            try:
-                size = path.stat().st_size
-                self._stamp_path(basename, root).unlink(missing_ok=True)  # invalid first, then gone
-                path.unlink()
-            except FileNotFoundError:
-                return 0
-            self.stats.evictions += 1
-            return size
-        finally:
-            os.close(fd)

@@ -43,7 +43,8 @@ from tessera.stream.batching.resume_state import (
     save_state,
 )
 from tessera.stream.batching.stream_batches import StreamSchedule
-from tessera.stream.cache import check_cache_limit, raise_open_file_limit
+from tessera.stream.cache import raise_open_file_limit
+from tessera.stream.cache_limit import check_cache_limit
 from tessera.stream.defaults import cache_fitted_block, default_lanes
 from tessera.stream.gather import BatchRefs, gather, gather_to_slot, stack_samples
 from tessera.stream.mosaic_api import MosaicDatasetAPI

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tessera.stream.cache import shards_fit
+from tessera.stream.cache_limit import shards_fit
 
 if TYPE_CHECKING:
     from tessera.stream.streams import LoadedStream

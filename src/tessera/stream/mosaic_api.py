@@ -118,7 +118,7 @@ class MosaicDatasetAPI:
         """Bytes of shard files in the cache folders of the streams that have a remote (MosaicML's
         `cache_usage`; measured on the disk, so it counts what every process sharing them downloaded)."""
         caches = [st.cache for st in self.streams if st.remote_store is not None]
-        return caches[0].usage() if caches else 0  # a cache measures every stream's folder (peer_roots)
+        return caches[0].space.usage() if caches else 0  # a cache measures every stream's folder (peer_roots)
 
     # --- sizes (MosaicML's names) ----------------------------------------------------------------------
     @property

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tessera.shards.reader import ShardReader
-from tessera.stream.cache import shards_fit
+from tessera.stream.cache_limit import shards_fit
 from tessera.stream.prefetch import Prefetcher
 from tessera.stream.ranged import RangedReads
 from tessera.stream.row_addresses import RowAddresses

@@ -21,7 +21,7 @@ class StageTimes:
         dl = sum(st.cache.stats.download_seconds for st in streams)
         dz = sum(st.cache.stats.decompress_seconds for st in streams)
         got = sum(st.cache.stats.bytes_downloaded for st in streams)
-        ev = sum(st.cache.stats.evictions for st in streams)
+        ev = sum(st.cache.space.evictions for st in streams)
         return (f"download {dl:.2f}s ({got / 1e6:.1f} MB), decompress {dz:.2f}s, wait {self.wait:.2f}s, "
                 f"decode+consume {self.decode:.2f}s, evictions {ev}")
 
