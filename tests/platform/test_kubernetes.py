@@ -12,7 +12,8 @@ pytest.importorskip("kubernetes")
 from k8s_stub import KubeStub
 
 from tessera.platform.clusters.base import JobState, LaunchRequest
-from tessera.platform.clusters.kubernetes import KubernetesBackend, build_manifests, job_name
+from tessera.platform.clusters.kubernetes import KubernetesBackend
+from tessera.platform.clusters.kubernetes_manifests import build_manifests, job_name
 from tessera.platform.errors import ClusterError
 from tessera.platform.spec.run_spec import parse_spec
 

@@ -255,7 +255,7 @@ def test_local_images_go_to_podman_or_docker_by_name_only_and_can_be_required(tm
 
 
 def test_pods_run_the_prelude_once_before_the_ranks_as_a_shell_script(tmp_path: Path) -> None:
-    from tessera.platform.clusters.kubernetes import build_manifests
+    from tessera.platform.clusters.kubernetes_manifests import build_manifests
 
     spec = to_run_spec({"run_name": "pod", "command": "python train.py", "gpu_num": 2, "image": "img:1",
                         "integrations": [{"integration_type": "git_repo", "git_repo": "org/repo", "ssh_clone": True}]})
