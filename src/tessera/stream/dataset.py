@@ -3,7 +3,8 @@
 Parameter names follow MosaicML Streaming so switching is an import change (differences:
 docs/streaming.md). The sample order is owned by the pure epoch plan (the `batching` package); this
 module only does I/O around it: which shard to fetch next (`prefetch.py`), reading samples from the
-shards it holds open (`open_shards.py`), and saving and loading the resume state (`resume_state.py`).
+shards it holds open (`open_shards.py`), saving and loading the resume state (`resume_state.py`), and
+handing batches from DataLoader workers to the training process (`worker_batches.py`).
 
 Global batch t of an epoch is S[start + t*G : start + (t+1)*G] with G = batch_size * data-parallel
 ranks, whatever the number of nodes, ranks or DataLoader workers. The last global batch is completed
@@ -46,13 +47,12 @@ from tessera.stream.batching.stream_batches import StreamSchedule
 from tessera.stream.cache import raise_open_file_limit
 from tessera.stream.cache_limit import check_cache_limit
 from tessera.stream.defaults import cache_fitted_block, default_lanes
-from tessera.stream.gather import BatchRefs, gather, gather_to_slot, stack_samples
+from tessera.stream.gather import gather, stack_samples
 from tessera.stream.mosaic_api import MosaicDatasetAPI
 from tessera.stream.open_shards import OpenShards, open_limit
 from tessera.stream.plan_files import PlanFiles
 from tessera.stream.prefetch import NoPrefetch, Prefetcher
 from tessera.stream.registry import build_stream
-from tessera.stream.slots import Layout, SlotRing
 from tessera.stream.stage_times import StageTimes
 from tessera.stream.streams import (
     LoadedStream,
@@ -64,6 +64,7 @@ from tessera.stream.streams import (
     local_root_of,
     write_back_weights,
 )
+from tessera.stream.worker_batches import WorkerBatches
 from tessera.stream.world import World
 
 
@@ -81,7 +82,7 @@ def _map_nested(fn: Callable[[Any], Any], samples: Any) -> Any:
     return [_map_nested(fn, x) if isinstance(x, list) else fn(x) for x in samples]
 
 
-class StreamingDataset(MosaicDatasetAPI, IterableDataset):
+class StreamingDataset(MosaicDatasetAPI, WorkerBatches, IterableDataset):
     """Stream one or more MDS datasets; see the module docstring and docs/streaming.md."""
 
     def __init__(self, *, streams: Sequence[Stream] | None = None, remote: str | None = None,
@@ -366,50 +367,3 @@ class StreamingDataset(MosaicDatasetAPI, IterableDataset):
             else:
                 yield gather(lambda shard, p=prefetcher: self._reader(shard, p), shards, local, addresses=self._shards.rows)
             self.stage_times.decode += time.perf_counter() - t0
-
-    def iter_batch_groups(self, group: int, refs: bool, ring: SlotRing | None = None,
-                          worker: int = 0) -> Iterator[BatchRefs | list[dict[str, Any]]]:
-        """DataLoader items: with `refs`, BatchRefs of `group` consecutive per-device batches whose shards
-        are all present (the consumer gathers them: `gather_refs`), each gathered here into a slot of
-        `ring` (this is worker `worker`) when one is free; else [batch] from `iter_batches`."""
-        if not refs:  # through iter_batches, which a subclass may have overridden
-            yield from ([batch] for batch in self.iter_batches())
-            return
-        pending: list[tuple[np.ndarray, np.ndarray]] = []
-        data: dict[int, dict[str, Any]] = {}  # batches gathered here: a shard served by ranged reads
-        slots: list[tuple[int, Layout] | None] = []
-        sizes = group_sizes(group)
-        size = next(sizes)
-        for shards, local, prefetcher in self._epoch_batches(group):
-            t0 = time.perf_counter()
-            read = lambda shard, p=prefetcher: self._reader(shard, p)  # noqa: E731
-            slots.append(gather_to_slot(ring, worker, read, shards, local, self._shards.rows))  # opens the shards it reads
-            for shard in () if slots[-1] else dict.fromkeys(shards.tolist()):  # (cheaper than np.unique)
-                read(shard)  # present, pinned and open before anyone is told
-            if not slots[-1] and (self.cache_limit is not None or self._shards.ranged.sparse
-                                  and self._shards.ranged.sparse.keys() & set(shards.tolist())):
-                # Sent as data: its rows came by ranged reads (not in the cache), or under a cache limit,
-                # where the shard may be evicted before the training process reads it (which would then
-                # download it again, itself).
-                data[len(pending)] = gather(read, shards, local, addresses=self._shards.rows)
-            pending.append((shards, local))
-            self.stage_times.decode += time.perf_counter() - t0
-            if len(pending) == size:
-                yield BatchRefs.of(pending, data, slots)
-                pending, data, slots, size = [], {}, [], next(sizes)
-
-        if pending:
-            yield BatchRefs.of(pending, data, slots)
-
-    def gather_refs(self, refs: BatchRefs, ring: SlotRing | None = None) -> Iterator[dict[str, Any]]:
-        """The batches a worker named: over its shared slots, or gathered from this process's own mapping
-        of the cache files."""
-        if ring is not None:
-            ring.reclaim()
-        for shards, rows, given, slot in refs.items():
-            t0 = time.perf_counter()
-            if slot is not None:
-                yield ring.hand_out(slot[0], slot[1], len(shards))  # type: ignore[union-attr]
-            else:
-                yield given if given is not None else gather(self._reader, shards, rows, addresses=self._shards.rows)
-            self.stage_times.decode += time.perf_counter() - t0  # includes the consumer's time, as above
