@@ -16,7 +16,8 @@ from llm_helpers import assert_one_line_error
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
-from tessera.llm.recipe import Recipe, _key_paths
+from tessera.llm.recipe import Recipe
+from tessera.llm.recipe_keys import key_paths
 from tessera.llm.recipe_required import must_be_set_message, unset_keys
 from tessera.storage import open_store
 
@@ -153,7 +154,7 @@ def test_a_huge_learning_rate_stops_the_run_and_latest_stays_finite(workdir: Pat
     assert tensors and all(torch.isfinite(t).all() for t in tensors)
 
 
-KEYS = st.sampled_from(_key_paths(Recipe) + ["lr", "keep", "data.train.streams.7", "model.n_layers", ""])
+KEYS = st.sampled_from(key_paths(Recipe) + ["lr", "keep", "data.train.streams.7", "model.n_layers", ""])
 VALUES = st.one_of(st.text(max_size=30), st.sampled_from(["-5ba", "abc", "1e30", ".nan", "[1.5, 2]", "!!binary x",
                                                           "../../X", "ftp://h/x", "{a: [}", "0", "null"]))
 
@@ -180,7 +181,7 @@ def test_any_override_fails_cleanly_and_writes_nothing_outside(tmp_path: Path, k
 
 # --print-config with several overrides at once: deeper paths, list positions past the end, YAML tags,
 # anchors and garbage. It either prints a config that validates again (exit 0) or fails in one line.
-SCHEMA_KEYS = _key_paths(Recipe)
+SCHEMA_KEYS = key_paths(Recipe)
 DEEP_KEYS = st.builds(lambda key, tail: f"{key}.{tail}", st.sampled_from(SCHEMA_KEYS),
                       st.sampled_from(["x", "0", "7", "name.deeper", "streams.0", "-1", "remote.split"]))
 LIST_KEYS = st.builds(lambda section, i, field: f"data.{section}.streams.{i}.{field}",

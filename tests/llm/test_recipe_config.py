@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tessera.cli.main import app
-from tessera.llm.recipe import TRAINER_KEYS_RENAMED, Recipe, _key_paths, load_recipe, recipe_keys
+from tessera.llm.recipe import TRAINER_KEYS_RENAMED, Recipe, load_recipe
+from tessera.llm.recipe_keys import key_paths, recipe_keys
 from tessera.stream import Stream
 from tessera.stream.config import StreamConfig, StreamingConfig
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
@@ -16,7 +17,7 @@ from tessera.train.time import Time
 
 
 def test_every_trainer_setting_is_a_recipe_key() -> None:
-    keys = set(_key_paths(Recipe))
+    keys = set(key_paths(Recipe))
     for name in TrainerConfig.model_fields:
         assert TRAINER_KEYS_RENAMED.get(name, name) in keys, f"Trainer setting {name!r} is not accepted by recipes"
         if name not in TRAINER_KEYS_RENAMED:  # same type, checks and description as the Trainer's
@@ -68,7 +69,7 @@ def test_stream_checks_its_arguments_through_the_stream_config() -> None:
 
 
 def test_help_lists_every_key_from_the_schema() -> None:
-    rows = {key: (kind, default, text) for key, kind, default, text in recipe_keys()}
+    rows = {key: (kind, default, text) for key, kind, default, text in recipe_keys(Recipe)}
     assert rows["max_duration"][1] == "required" and rows["seed"][1] == "17"
     assert rows["precision"][0] == "fp32 | amp_bf16 | amp_fp16 | pure_bf16"
     assert rows["data.train.streams.N.remote"][2] == StreamConfig.model_fields["remote"].description

@@ -1,5 +1,5 @@
 """`tessera train --list-keys` and `--help-all`: every recipe key, by section, with its type, default and
-one line of meaning, generated from the typed recipe (`recipe_keys()`, which reads the pydantic models and
+one line of meaning, generated from the typed recipe (`recipe_keys(Recipe)`, which reads the pydantic models and
 GPTConfig's fields), so the list cannot drift from what `tessera train` accepts.
 
 The default `--help` stays one screen (the command, its arguments, the options people use, examples);
@@ -15,7 +15,8 @@ from typing import Any
 import typer
 from pydantic import BaseModel
 
-from tessera.llm.recipe import Recipe, recipe_keys
+from tessera.llm.recipe import Recipe
+from tessera.llm.recipe_keys import recipe_keys
 
 TOP = "run"  # the section of the keys at the top of a recipe (max_duration, seed, save_folder, ...)
 
@@ -23,7 +24,7 @@ TOP = "run"  # the section of the keys at the top of a recipe (max_duration, see
 def sections() -> dict[str, list[tuple[str, str, str, str]]]:
     """{section: [(key, type, default, meaning)]} in the recipe's own order, top-level keys first."""
     grouped: dict[str, list[tuple[str, str, str, str]]] = {TOP: []}
-    for row in recipe_keys():
+    for row in recipe_keys(Recipe):
         name = row[0].split(".", 1)[0] if "." in row[0] else TOP
         grouped.setdefault(name, []).append(row)
     return grouped

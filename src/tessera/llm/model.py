@@ -56,7 +56,7 @@ def _key(default: Any, meaning: str) -> Any:
 
 @dataclass
 class GPTConfig:
-    # Each field's `help` is its line in `tessera train --list-keys` (recipe.recipe_keys).
+    # Each field's `help` is its line in `tessera train --list-keys` (recipe_keys.recipe_keys).
     d_model: int = _key(256, "Width of the residual stream (embedding size).")
     n_heads: int = _key(4, "Attention heads; must divide d_model.")
     n_layers: int = _key(4, "Transformer blocks.")

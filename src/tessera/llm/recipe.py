@@ -7,21 +7,18 @@ work says which numbers clash.
 A recipe composes the layers' own typed configs rather than restating them: its training keys are the
 fields of the train layer's `TrainerConfig` (same types, checks and descriptions; a few defaults differ),
 and its data section is made of the stream layer's `StreamingConfig` and `StreamConfig`. Key names are
-LLM Foundry's. `recipe_keys()` lists every key for `tessera train --list-keys`.
+LLM Foundry's. `recipe_keys(Recipe)` (recipe_keys.py) lists every key for `tessera train --list-keys`.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import os
-import types
 from collections.abc import Collection
-from dataclasses import fields
-from enum import Enum
+from functools import partial
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -37,15 +34,15 @@ from tessera.llm.finetune.config import ExampleSource
 from tessera.llm.foundry import FoundryError, foundry_recipe, is_foundry
 from tessera.llm.hf.config import LoraSpec, PretrainedSpec, is_pretrained
 from tessera.llm.icl.config import ICLSection
-from tessera.llm.model import NAMED_CONFIGS, GPTConfig
+from tessera.llm.model import GPTConfig
 from tessera.llm.model_source import is_hub_id
+from tessera.llm.recipe_keys import did_you_mean
 from tessera.llm.recipe_required import must_be_set_message, placeholder_overrides, unset_keys
 from tessera.stream.config import StreamConfig, StreamingConfig
-from tessera.suggest import closest, hint
+from tessera.suggest import hint
 from tessera.syntax_errors import yaml_error
 from tessera.train.config import OptimizerConfig, SchedulerConfig, TrainerConfig
-from tessera.train.logger_settings import LOGGERS, as_mapping
-from tessera.train.time import Time
+from tessera.train.logger_settings import as_mapping
 from tessera.typed_config import error_lines
 
 # Trainer settings a recipe spells as LLM Foundry does, and where (every other setting keeps its name).
@@ -172,59 +169,6 @@ class Recipe(TrainingKeys, ICLSection):  # type: ignore[valid-type,misc]
         return per_device
 
 
-def _type_name(annotation: Any) -> str:
-    """A key's type as a recipe writer reads it: `time | null`, `fp32 | amp_bf16 | amp_fp16`, `list[str]`."""
-    origin, args = get_origin(annotation), get_args(annotation)
-    if annotation is type(None):
-        return "null"
-    if origin is Literal:
-        return " | ".join(str(a) for a in args)
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(a) for a in args)
-    if origin in (list, tuple):
-        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args if a is not Ellipsis)}]"
-    if origin is dict:
-        return "mapping"
-    if annotation is Time:
-        return "time"
-    if isinstance(annotation, type) and issubclass(annotation, Enum):
-        return " | ".join(str(m.value) for m in annotation)
-    return getattr(annotation, "__name__", str(annotation))
-
-
-def recipe_keys(schema: type[BaseModel] | None = None, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, description) of every key, sections expanded, derived from the schema."""
-    rows = []
-    for name, info in (schema or Recipe).model_fields.items():
-        if schema is None and name == "model":  # a mapping that GPTConfig checks: its keys are GPTConfig's
-            rows.append(("model.name", "str", "tiny", f"A named shape ({', '.join(NAMED_CONFIGS)}) that sets "
-                                                      "the keys below; a key given overrides it."))
-            rows += [(f"model.{f.name}", str(f.type), _shown(f.default), f.metadata.get("help", ""))
-                     for f in fields(GPTConfig)]
-            rows += [row for row in recipe_keys(PretrainedSpec, "model.") if row[0] != "model.max_seq_len"]
-            continue
-        if name == "loggers":  # names, or a mapping of a name to its settings: each logger's keys
-            rows.append(("loggers", "list[str | Logger] | mapping", "[progress]", info.description or ""))
-            for logger, settings in LOGGERS.items():
-                rows += recipe_keys(settings, f"{prefix}loggers.{logger}.")
-            continue
-        nested = _nested_models(info.annotation)
-        if nested:
-            index = ".N" if get_origin(info.annotation) is list else ""
-            rows += recipe_keys(nested[0], f"{prefix}{name}{index}.")
-            continue
-        default = "required" if info.is_required() else _shown(info.get_default(call_default_factory=True))
-        rows.append((f"{prefix}{name}", _type_name(info.annotation), default, info.description or ""))
-    return rows
-
-
-def _shown(value: Any) -> str:
-    """A default as a recipe would write it: `10ba`, `null`, `[progress]`."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, default=lambda v: getattr(v, "value", str(v))).replace('"', "")
-
-
 def shipped_recipes() -> list[str]:
     return sorted(p.name for p in resources.files("tessera.llm").joinpath("recipes").iterdir()
                   if p.name.endswith(".yaml"))
@@ -291,54 +235,8 @@ def apply_override(tree: dict[str, Any], item: str) -> None:
         node[parts[-1]] = value
 
 
-def _field_names(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
-    """The keys allowed at `loc` (for did-you-mean)."""
-    current: type[BaseModel] | None = model
-    for part in loc[:-1]:
-        if isinstance(part, int) or current is None:
-            continue
-        field = current.model_fields.get(part)
-        nested = _nested_models(field.annotation) if field else []
-        current = nested[0] if nested else None
-    return list(current.model_fields) if current is not None else []
-
-
-def _key_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
-    """Every key of the schema as a dotted path (list items as index 0), for did-you-mean across sections."""
-    paths = []
-    for name, field in model.model_fields.items():
-        paths.append(f"{prefix}{name}")
-        for child in _nested_models(field.annotation)[:1]:
-            index = ".0" if get_origin(field.annotation) is list else ""
-            paths += _key_paths(child, f"{prefix}{name}{index}.")
-    return paths
-
-
-def _nested_models(annotation: Any) -> list[type[BaseModel]]:
-    found = [annotation] if isinstance(annotation, type) and issubclass(annotation, BaseModel) else []
-    for arg in getattr(annotation, "__args__", ()):
-        found += _nested_models(arg)
-    return found
-
-
-def _did_you_mean(loc: tuple[Any, ...]) -> str:
-    """A key elsewhere with exactly that name (`lr` -> `optimizer.lr`, not the sibling `lora`), else a sibling
-    spelled alike (`optimizer.lrr`), else a key elsewhere whose name holds it or is spelled alike."""
-    name = str(loc[-1])
-    paths = _key_paths(Recipe)
-    same = [p for p in paths if p.rsplit(".", 1)[-1] == name]
-    close = closest(name, _field_names(Recipe, loc))
-    if close and not same:
-        return ".".join([*map(str, loc[:-1]), close])
-    words = [p for p in paths if name in p.rsplit(".", 1)[-1].split("_")]  # keep -> ..._to_keep
-    if same or words:
-        return (same or words)[0]
-    close = closest(name, [p.rsplit(".", 1)[-1] for p in paths])
-    return next((p for p in paths if close and p.rsplit(".", 1)[-1] == close), "")
-
-
 def _explain(exc: ValidationError) -> str:
-    lines = error_lines(exc, _did_you_mean)
+    lines = error_lines(exc, partial(did_you_mean, Recipe))
     if len(lines) == 1:
         return f"invalid recipe: {lines[0]}"
     return "invalid recipe:\n  " + "\n  ".join(lines)
