@@ -19,7 +19,8 @@ from typer.testing import CliRunner, Result
 from tessera.cli.examples import EXAMPLES
 from tessera.cli.main import app
 from tessera.cli.output import GAP, Column, render
-from tessera.llm.recipe import recipe_keys
+from tessera.llm.recipe import Recipe
+from tessera.llm.recipe_keys import recipe_keys
 from tessera.platform import Platform
 from tessera.shards.errors import IndexFormatError
 from tessera.shards.index import DatasetIndex
@@ -119,7 +120,7 @@ def test_train_help_is_one_screen_and_every_key_is_one_flag_away() -> None:
     assert len(short.splitlines()) <= 80 and "--list-keys" in short and "--help-all" in short
     assert "--efficiency" not in short and "Examples:" in short and "save_keep_every_n" not in short
     keys = cli("train", "tiny-cpu.yaml", "--list-keys").stdout
-    for key, kind, _, _ in recipe_keys():
+    for key, kind, _, _ in recipe_keys(Recipe):
         assert f"\n  {key}  ({kind}; default " in keys, key
     assert re.search(r"\noptimizer:  # .+\n(  .+\n)*  optimizer\.lr  \(float; default 0\.0006\)\n      The peak learning rate\.\n", keys)
     everything = cli("train", "--help-all").stdout
