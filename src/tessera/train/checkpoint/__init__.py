@@ -3,6 +3,7 @@
 This package owns the whole checkpoint life cycle, one module per part:
 
     manager.py    `CheckpointManager`: save, latest, load, retain; the save thread and rank agreement
+    save_job.py   what one save holds (each rank's files, rank 0's meta and train state), staged to host
     commit.py     the commit protocol (upload, done files, manifest, pointer) and the verified fetch
     retention.py  which checkpoints are kept, and deleting the others completely
     layout.py     folder layout, names, manifest, pointer, errors

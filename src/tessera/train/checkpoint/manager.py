@@ -10,8 +10,9 @@
 Four verbs: `save` (stage in host memory, then write, upload and commit on one background thread),
 `latest` (the newest valid checkpoint, falling back past damaged ones), `load` (one named checkpoint or
 another run's), `retain` (delete what the retention settings drop; runs after every commit). The
-protocol, the files, the state layout and retention live in the sibling modules; this class owns the
-thread, the one save in flight, and the agreement between ranks (see the package docstring).
+protocol, the files, what one save holds (save_job.py), the state layout and retention live in the
+sibling modules; this class owns the thread, the one save in flight, and the agreement between ranks
+(see the package docstring).
 """
 
 from __future__ import annotations
@@ -50,7 +51,6 @@ from tessera.train.checkpoint.layout import (
     is_checkpoint_name,
     list_checkpoints,
     make_done,
-    meta_json,
     newest_first,
     none_usable,
     rank_file,
@@ -58,25 +58,13 @@ from tessera.train.checkpoint.layout import (
     resume_order,
 )
 from tessera.train.checkpoint.retention import prune
-from tessera.train.checkpoint.rng import capture_rng_state
-from tessera.train.checkpoint.state import has_dtensor, stage_to_host
+from tessera.train.checkpoint.save_job import SaveJob, stage_save
+from tessera.train.checkpoint.state import has_dtensor
 from tessera.train.checkpoint.throttle import WRITER_NICE, default_upload_threads, lower_thread_priority
 from tessera.train.distributed import destroy_group
 from tessera.train.time import Timestamp
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _SaveJob:
-    name: str
-    timestamp: Timestamp
-    sharded: bool
-    nonce: str
-    files: dict[str, Any]
-    dcp: dict[str, Any] | None
-    meta: bytes | None
-    stall_seconds: float = 0.0
 
 
 @dataclass
@@ -144,7 +132,7 @@ class CheckpointManager:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tessera-ckpt",
                                         initializer=self._lower_priority)
         self._pending: Future[CheckpointInfo] | None = None
-        self._staging: dict[tuple, Any] = {}  # host buffers reused across saves (see stage_to_host)
+        self._staging: dict[tuple, Any] = {}  # host buffers reused across saves (see save_job.stage_save)
         self._last_committed: str | None = None  # written by the save thread, read after wait()
 
     # --- save ------------------------------------------------------------------------------------------
@@ -165,22 +153,9 @@ class CheckpointManager:
         if name == self._last_committed:  # e.g. an interval save and the final save on the same batch
             log.debug("checkpoint %s is already saved; skipping", name)
             return
-        files: dict[str, Any] = {rank_file(self.rank): {"rng": state.get("rng") or capture_rng_state(),
-                                                        "dataloader": state.get("dataloader")}}
-        meta = None
-        if self.rank == 0:
-            meta = meta_json(name, timestamp, self.world_size, sharded, state.get("config") or {})
-            train_state = {"schedulers": list(state.get("schedulers") or []), "scaler": state.get("scaler")}
-            if not sharded:
-                files[MODEL] = state["model"]
-                train_state["optimizers"] = list(state.get("optimizers") or [])
-            files[TRAIN_STATE] = train_state
-        dcp_state = {"model": state["model"], "optimizers": list(state.get("optimizers") or [])}
         self._seq += 1
-        job = _SaveJob(name=name, timestamp=timestamp, sharded=sharded, nonce=f"{self._nonce}-{self._seq}",
-                       files=stage_to_host(files, self._staging, ("files",)),
-                       dcp=stage_to_host(dcp_state, self._staging, ("dcp",)) if sharded else None,
-                       meta=meta)
+        job = stage_save(state, timestamp, name, rank=self.rank, world_size=self.world_size, sharded=sharded,
+                         nonce=f"{self._nonce}-{self._seq}", staging=self._staging)
         job.stall_seconds = time.perf_counter() - start
         self._pending = self._pool.submit(self._write, job)
         if not self.async_save:
@@ -210,7 +185,7 @@ class CheckpointManager:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _write(self, job: _SaveJob) -> CheckpointInfo:
+    def _write(self, job: SaveJob) -> CheckpointInfo:
         start = time.perf_counter()
         folder = self.store.child(job.name)
         if self.rank == 0:
