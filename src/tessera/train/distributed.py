@@ -150,6 +150,19 @@ def any_rank(flag: bool, device: torch.device) -> bool:
     return bool(all_reduce_(value, "max").item())
 
 
+def step_counts(samples: int, tokens: int, stop: bool, group: dist.ProcessGroup | None,
+                tp_degree: int) -> tuple[int, int, bool]:
+    """A step's samples and tokens summed over the ranks of `group` (the ranks of a tensor-parallel group
+    read one batch: counted once), and whether any rank asked to stop, in one collective; without a group,
+    this process's own."""
+    if group is None:
+        return samples, tokens, stop
+    counts = torch.tensor([samples, tokens, int(stop)], dtype=torch.int64)
+    dist.all_reduce(counts, group=group)
+    samples, tokens, stops = counts.tolist()
+    return samples // tp_degree, tokens // tp_degree, stops > 0
+
+
 def all_reduce_gradients(model: torch.nn.Module) -> None:
     """Average gradients over ranks by hand (after a backward under `no_sync`), one collective per dtype."""
     if not is_distributed():

@@ -1,5 +1,6 @@
 """`Trainer`: one readable training loop; checkpoints, logging, evaluation and set-up are calls into the
-modules that own them (checkpoint, resume, loggers, metrics, microbatch, distributed, heartbeat, nonfinite).
+modules that own them (checkpoint, resume, loggers, metrics, microbatch, optimizer_step, distributed,
+heartbeat, nonfinite).
 
     trainer = Trainer(model=model, optimizers=opt, train_dataloader=loader, max_duration="2ep",
                       save_folder="s3://bucket/runs/{run_name}/checkpoints", save_interval="500ba",
@@ -53,7 +54,8 @@ from tessera.train.heartbeat import Heartbeat
 from tessera.train.loggers import RunInfo, make_loggers
 from tessera.train.microbatch import AutoMicrobatch, batch_size_of, count_tokens, forward_backward, move_to
 from tessera.train.nonfinite import NonFiniteGuard
-from tessera.train.parallel import clip_grad_norm_, parallelize, resolve_plan, total_grad_norm
+from tessera.train.optimizer_step import clip_gradients, step_optimizers
+from tessera.train.parallel import parallelize, resolve_plan
 from tessera.train.resume import resume
 from tessera.train.schedule import lambda_lr
 from tessera.train.throughput import Throughput, flops_per_token
@@ -179,15 +181,10 @@ class Trainer:
                 self.throughput.start_phases()                  # CUDA events on a GPU: no sync
                 loss = self._train_batch(batch)                   # forward + backward over microbatches
                 self.throughput.mark("forward_backward")
-                grad_norm = self._clip_gradients()
+                grad_norm = clip_gradients(self.model, self.optimizers, self.scaler, self.grad_clip_norm,
+                                           self.nonfinite.skipping)
                 skip = self.nonfinite.note(loss, grad_norm)     # None unless on_nonfinite="skip"
-                for opt in self.optimizers:
-                    if skip is None:
-                        self.scaler.step(opt)
-                    else:
-                        self.nonfinite.step_unless(skip, opt)
-                    opt.zero_grad(set_to_none=True)
-                self.scaler.update()
+                step_optimizers(self.optimizers, self.scaler, self.nonfinite, skip)
                 self.throughput.mark("optimizer")
                 self.timestamp = before.to_next_batch(*self._global_counts(batch))
                 for sched in self.schedulers:
@@ -227,22 +224,6 @@ class Trainer:
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, dtype=self._amp_dtype, enabled=self._amp_dtype is not None)
 
-    def _clip_gradients(self) -> torch.Tensor | None:
-        """The gradients' global norm after clipping them (None without clipping). With on_nonfinite="skip"
-        the gradients are always unscaled and the norm is computed (it decides the skip; fp16: the scaler's
-        overflow check does)."""
-        if self.grad_clip_norm is None and not self.nonfinite.skipping:
-            return None
-        for opt in self.optimizers:
-            self.scaler.unscale_(opt)
-        if self.grad_clip_norm is not None:
-            norm = clip_grad_norm_(self.model.parameters(), self.grad_clip_norm)  # across meshes (TP)
-        elif self.scaler.is_enabled():
-            return None
-        else:
-            norm = total_grad_norm(self.model.parameters())
-        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-
     def request_stop(self) -> None:
         """Checkpoint and end the run after the current step (what SIGTERM and Ctrl-C ask: safe in a signal
         handler). A signal reaches the ranks at different moments, so a rank only notes it here; the ranks
@@ -253,14 +234,10 @@ class Trainer:
         """The step's samples and tokens over all ranks; settles a pending `request_stop` on every rank."""
         tokens = self.num_tokens_fn(batch) if self.num_tokens_fn is not None else count_tokens(batch)
         stop = self._stop_pending  # read once: a signal may set it again at any bytecode
-        if self._count_group is None:
-            self.stop_requested = self.stop_requested or stop
-            return batch_size_of(batch), int(tokens)
-        counts = torch.tensor([batch_size_of(batch), int(tokens), int(stop)], dtype=torch.int64)
-        torch.distributed.all_reduce(counts, group=self._count_group)
-        samples, tokens, stops = counts.tolist()
-        self.stop_requested = self.stop_requested or stops > 0
-        return samples // self.plan.tp_degree, tokens // self.plan.tp_degree  # a TP group: one batch
+        samples, tokens, stop = dist_utils.step_counts(batch_size_of(batch), int(tokens), stop, self._count_group,
+                                                       self.plan.tp_degree)
+        self.stop_requested = self.stop_requested or stop
+        return samples, tokens
 
     def _finished(self) -> bool:
         return self.stop_requested or self.timestamp.get(self.max_duration.unit) >= self.max_duration
