@@ -19,11 +19,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from tessera.platform.api.cluster_verbs import ClusterVerbs
 from tessera.platform.api.inputs import as_spec, os_user, run_statuses
 from tessera.platform.api.models import PAGE, EventPage, RunPage
-from tessera.platform.clusters import CLUSTER_TYPES, LOCAL, ClusterBackend, NodeInfo, make_backend
+from tessera.platform.clusters import LOCAL
 from tessera.platform.errors import (
-    ClusterError,
     PlatformError,
     RunExists,
     RunFailed,
@@ -39,7 +39,7 @@ from tessera.platform.runs.info import Event, Resumption, Run
 from tessera.platform.runs.shipping import adopt_history
 from tessera.platform.secrets.vault import SecretStore
 from tessera.platform.spec.edits import cloned_spec, updated_scheduling
-from tessera.platform.spec.run_spec import RunSpec, validate_name
+from tessera.platform.spec.run_spec import RunSpec
 from tessera.platform.store.audit import not_noting
 from tessera.platform.store.db import one_reader
 from tessera.platform.store.homes import LOCAL_TEAM, home_engine
@@ -47,7 +47,6 @@ from tessera.platform.store.leases import lease_of, leases_of
 from tessera.platform.store.metric_points import read_points
 from tessera.platform.store.paging import encode_cursor
 from tessera.platform.store.state import (
-    ACTIVE,
     PENDING,
     TERMINAL,
     EventRecord,
@@ -55,14 +54,13 @@ from tessera.platform.store.state import (
     StateDB,
     new_run_id,
 )
-from tessera.platform.supervision.context import cluster_backend
 from tessera.platform.supervision.supervisor import ensure_supervisor
 
 _ORDER = {status: i for i, status in enumerate(("PENDING", "QUEUED", "STARTING", "RUNNING", "STOPPING"))}
 STOP_MARGIN = 30.0   # seconds beyond a run's stop_grace that delete_run waits for it to stop
 
 
-class Platform:
+class Platform(ClusterVerbs):
     """One team's platform. `Platform(home)` is the standalone CLI's: team "local" in the home's own store
     (`$TESSERA_HOME/store.db`), supervised by the home's detached supervisor, which an action that needs
     watching starts if it is not running. A server makes `Platform(team_home, engine=E, team=T,
@@ -83,59 +81,6 @@ class Platform:
 
     def close(self) -> None:
         """Nothing to release (the store's engine is shared); kept for callers that close what they open."""
-
-    # --- clusters ---------------------------------------------------------------------------------
-
-    def add_cluster(self, name: str, type_: str, *, replace: bool = False, **config: Any) -> dict[str, Any]:
-        validate_name(name, "cluster name")
-        if type_ not in CLUSTER_TYPES:
-            raise ClusterError(f"unknown cluster type {type_!r}; use one of {', '.join(CLUSTER_TYPES)}")
-        if not replace and self.db.get_cluster(name):
-            raise ClusterError(f"cluster {name!r} exists; remove it first (tessera cluster remove {name})")
-        config = {k: v for k, v in config.items() if v not in (None, "", [], {})}
-        make_backend(name, type_, config)   # fails early on a bad config or a missing client library
-        self.db.add_cluster(name, type_, config, replace=replace)
-        return {"name": name, "type": type_, **config}
-
-    def list_clusters(self) -> list[dict[str, Any]]:
-        records = {c.name: {"name": c.name, "type": c.type, **c.config} for c in self.db.list_clusters()}
-        records.setdefault(LOCAL, {"name": LOCAL, "type": "local", "builtin": True})
-        return [records[name] for name in sorted(records)]
-
-    def backend(self, name: str) -> ClusterBackend:
-        return cluster_backend(self.db, name)
-
-    def describe_cluster(self, name: str) -> dict[str, Any]:
-        backend = self.backend(name)
-        out: dict[str, Any] = backend.describe()
-        try:
-            nodes: list[NodeInfo] | str = backend.nodes()
-        except ClusterError as exc:
-            nodes = f"unavailable: {exc}"
-        excluded = set(self.db.excluded_nodes(name))
-        faults = {f["node"]: f for f in self.db.node_faults(name)}
-        if isinstance(nodes, list):
-            out["nodes"] = [{"name": n.name, "state": n.state, "healthy": n.healthy, "reason": n.reason,
-                             "excluded": n.name in excluded, "faults": faults.get(n.name, {}).get("faults", 0),
-                             "cpus": n.cpus, "gpus": n.gpus, "gpu_type": n.gpu_type}
-                            for n in nodes]
-        else:
-            out["nodes"] = nodes
-        out["excluded_nodes"] = sorted(excluded)
-        out["active_runs"] = [r.name for r in self.db.list_runs(ACTIVE, cluster=name)]
-        return out
-
-    def remove_cluster(self, name: str) -> None:
-        active = self.db.list_runs(ACTIVE, cluster=name)
-        if active:
-            raise ClusterError(f"cluster {name!r} has active runs ({', '.join(r.name for r in active)}); "
-                               "stop or move them first")
-        if not self.db.remove_cluster(name):
-            raise ClusterError(f"cluster {name!r} is not known")
-
-    def clear_node(self, cluster: str, node: str) -> bool:
-        """Forget a node's faults, so it is used again."""
-        return self.db.clear_node(cluster, node)
 
     # --- runs -------------------------------------------------------------------------------------
 
