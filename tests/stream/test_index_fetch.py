@@ -26,19 +26,17 @@ def _samples(remote_and_cache: tuple[str, str]) -> int:
 
 
 def test_index_json_is_downloaded_once_per_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Four ranks of a node starting together, as torchrun starts them: fresh processes, not fork()s of this
+    one (a fork of a test process that earlier tests left with threads may inherit a held lock)."""
     remote, cache, log = tmp_path / "remote", tmp_path / "cache", tmp_path / "downloads"
     _write(remote, 100)
-    download = index_fetch.download_from
-
-    def counted(*args: object, **kwargs: object) -> int:  # (in every fork()ed process: one line each)
-        with open(log, "a") as out:
-            out.write(f"{os.getpid()}\n")
-        return download(*args, **kwargs)
-
-    monkeypatch.setattr(index_fetch, "download_from", counted)
-    with multiprocessing.get_context("fork").Pool(4) as pool:  # four ranks of a node starting together
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tessera.stream"])
+    with context.Pool(4, _count_downloads, (str(log),)) as pool:
         assert pool.map(_samples, [(str(remote), str(cache))] * 4) == [100] * 4
     assert len(log.read_text().splitlines()) == 1
+    monkeypatch.setattr(index_fetch, "download_from", index_fetch.download_from)  # restored after the test
+    _count_downloads(str(log))  # this process, a rank starting later
     assert _samples((str(remote), str(cache))) == 100  # a later start, the remote unchanged: no download
     assert len(log.read_text().splitlines()) == 1
     cached = cache / "index.json"
