@@ -224,7 +224,7 @@ def _open_count(path: str) -> int:
 
 def test_racing_first_openers_agree_and_leave_one_whole_file(tmp_path: Path) -> None:
     path = _write(tmp_path, _entries(ZSTD, 3000))
-    ctx = multiprocessing.get_context("fork")
+    ctx = multiprocessing.get_context("forkserver")   # fresh processes: a fork of a test process with threads may hang
     with ctx.Pool(4) as pool:
         counts = pool.map(_open_count, [str(path)] * 8)
     assert counts == [3000] * 8
