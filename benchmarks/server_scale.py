@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -51,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 from cryptography.fernet import Fernet
 from server_api import server_proc  # the test suite's server driver, loaded once
@@ -227,12 +229,42 @@ async def submit_all(urls: list[str], key: str, args: argparse.Namespace, prefix
     return latencies, errors
 
 
-def submissions(urls: list[str], key: str, args: argparse.Namespace, prefix: str, rate: float) -> dict[str, Any]:
+def cpu_seconds(pids: list[int]) -> dict[str, Any]:
+    """CPU-seconds used so far: by the whole machine (every core, /proc/stat), by the replicas (`pids`), by
+    each PostgreSQL process, and by this process (the clients)."""
+    machine = psutil.cpu_times()
+    postgres: dict[int, float] = {}
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] in ("postgres", "postmaster"):
+            with contextlib.suppress(psutil.Error):
+                times = proc.cpu_times()
+                postgres[proc.pid] = times.user + times.system
+    own = psutil.Process().cpu_times()
+    return {"machine": machine.user + machine.nice + machine.system + machine.irq + machine.softirq,
+            "replicas": sum(t.user + t.system for t in (psutil.Process(pid).cpu_times() for pid in pids)),
+            "postgres": postgres, "clients": own.user + own.system}
+
+
+def cpu_spent(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """What each part spent between two `cpu_seconds`; `other`: the rest of the machine's busy time, mostly
+    the submitted runs' launchers and commands (PostgreSQL: its processes alive at the end, each from its
+    own figure before, or from 0 if it started since)."""
+    spent = {part: after[part] - before[part] for part in ("machine", "replicas", "clients")}
+    spent["postgres"] = sum(seconds - before["postgres"].get(pid, 0.0) for pid, seconds in after["postgres"].items())
+    spent["other"] = spent["machine"] - spent["replicas"] - spent["clients"] - spent["postgres"]
+    return {part: round(seconds, 1) for part, seconds in spent.items()}
+
+
+def submissions(urls: list[str], key: str, args: argparse.Namespace, prefix: str, rate: float,
+                pids: list[int]) -> dict[str, Any]:
     """`args.clients` clients submitting `args.per_client` runs each across `urls`: back to back (rate 0),
-    or at `rate` runs per second in all; then until every run ended."""
+    or at `rate` runs per second in all; then until every run ended. With the CPU-seconds each part of
+    the machine spent from the first submission to the last answer."""
+    cpu_before = cpu_seconds(pids)
     started = time.monotonic()
     latencies, errors = asyncio.run(submit_all(urls, key, args, prefix, args.clients / rate if rate else 0.0))
     submitted = time.monotonic() - started
+    cpu = cpu_spent(cpu_before, cpu_seconds(pids))
     total = args.clients * args.per_client
     with httpx.Client(base_url=urls[-1], headers={"Authorization": f"Bearer {key}"}, timeout=120) as api:
         deadline = time.monotonic() + 900
@@ -246,7 +278,8 @@ def submissions(urls: list[str], key: str, args: argparse.Namespace, prefix: str
     return {**summary(latencies), "clients": args.clients, "replicas": len(urls), "rate": rate, "submitted": total,
             "errors": len(errors), "first_error": errors[0] if errors else None, "submit_s": round(submitted, 2),
             "all_ended_s": round(time.monotonic() - started, 2),
-            "completed": sum(r["status"] == "COMPLETED" for r in done), "ended": len(done)}
+            "completed": sum(r["status"] == "COMPLETED" for r in done), "ended": len(done),
+            "cpu_s_while_submitting": cpu}
 
 
 def main() -> None:
@@ -285,9 +318,10 @@ def main() -> None:
         load.append(os.getloadavg()[0])
         urls = [f"{r.url}/api/v1/" for r in replicas]
         figures = reads(urls[0], key, args)
-        figures["submit"] = submissions(urls, key, args, "sub", 0.0)
+        pids = [server.process.pid for server in replicas]
+        figures["submit"] = submissions(urls, key, args, "sub", 0.0, pids)
         if args.rate:
-            figures["paced"] = submissions(urls, key, args, "pace", args.rate)
+            figures["paced"] = submissions(urls, key, args, "pace", args.rate, pids)
         load.append(os.getloadavg()[0])
     finally:
         for server in replicas:
@@ -321,6 +355,9 @@ def report(args: argparse.Namespace, filled: float, figures: dict[str, Any], loa
                   f"replica(s): p50 {sub['p50_ms']} ms, p99 {sub['p99_ms']} ms, max {sub['max_ms']} ms, {sub['errors']} "
                   f"errors; all answered in {sub['submit_s']} s, {sub['ended']} ended ({sub['completed']} "
                   f"completed) after {sub['all_ended_s']} s")
+            cpu = sub["cpu_s_while_submitting"]
+            print(f"  CPU-seconds while submitting ({sub['submit_s']} s on {os.cpu_count()} cores): " +
+                  ", ".join(f"{part} {seconds}" for part, seconds in cpu.items()))
     print(json.dumps({"benchmark": "server_scale", "code": code, "runs": args.runs, "points": args.points,
                       "big_points": args.big_points, "fill_s": round(filled, 1), "loadavg": load, **figures}))
 
