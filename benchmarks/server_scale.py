@@ -48,6 +48,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -198,10 +199,11 @@ def ms(seconds: float) -> float:
     return round(1000 * seconds, 1)
 
 
-async def submit_all(urls: list[str], key: str, args: argparse.Namespace, prefix: str, gap: float
-                     ) -> tuple[list[float], list[str]]:
+async def submit_all(urls: list[str], key: str, args: argparse.Namespace, prefix: str, gap: float,
+                     on_start: Callable[[], None]) -> tuple[list[float], list[str]]:
     """Every client submits its runs one after another, all clients at once, each `gap` seconds after its
-    previous answer on average (exponential; 0: at once); (latencies, errors)."""
+    previous answer on average (exponential; 0: at once); (latencies, errors). `on_start` is called when the
+    clients are connected and about to start (the clock of the submissions starts there)."""
     latencies: list[float] = []
     errors: list[str] = []
     gate = asyncio.Event()
@@ -224,6 +226,7 @@ async def submit_all(urls: list[str], key: str, args: argparse.Namespace, prefix
 
     tasks = [asyncio.create_task(client(k)) for k in range(args.clients)]
     await asyncio.sleep(2.0)
+    on_start()
     gate.set()
     await asyncio.gather(*tasks)
     return latencies, errors
@@ -260,11 +263,16 @@ def submissions(urls: list[str], key: str, args: argparse.Namespace, prefix: str
     """`args.clients` clients submitting `args.per_client` runs each across `urls`: back to back (rate 0),
     or at `rate` runs per second in all; then until every run ended. With the CPU-seconds each part of
     the machine spent from the first submission to the last answer."""
-    cpu_before = cpu_seconds(pids)
-    started = time.monotonic()
-    latencies, errors = asyncio.run(submit_all(urls, key, args, prefix, args.clients / rate if rate else 0.0))
+    start: dict[str, Any] = {}
+
+    def on_start() -> None:   # the clients are connected: from here on, the submissions' time and CPU
+        start.update(cpu=cpu_seconds(pids), time=time.monotonic())
+
+    latencies, errors = asyncio.run(submit_all(urls, key, args, prefix, args.clients / rate if rate else 0.0,
+                                               on_start))
+    started = start["time"]
     submitted = time.monotonic() - started
-    cpu = cpu_spent(cpu_before, cpu_seconds(pids))
+    cpu = cpu_spent(start["cpu"], cpu_seconds(pids))
     total = args.clients * args.per_client
     with httpx.Client(base_url=urls[-1], headers={"Authorization": f"Bearer {key}"}, timeout=120) as api:
         deadline = time.monotonic() + 900
