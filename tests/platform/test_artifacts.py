@@ -98,11 +98,11 @@ def test_run_files_are_written_whole_under_team_and_run_id(root: str, tmp_path: 
     artifacts.put_run_files("0123abcd", spec)
     store = open_store(root)
     assert sorted(i.key for i in store.list()) == ["red/runs/0123abcd/parameters.yaml", "red/runs/0123abcd/spec.yaml"]
-    assert RunSpec.model_validate(yaml.safe_load(artifacts.read_file("0123abcd", "spec.yaml"))) == spec
-    assert yaml.safe_load(artifacts.read_file("0123abcd", "parameters.yaml")) == {"lr": 0.1, "tags": ["a"]}
+    assert RunSpec.model_validate(yaml.safe_load(store.get("red/runs/0123abcd/spec.yaml"))) == spec
+    assert yaml.safe_load(store.get("red/runs/0123abcd/parameters.yaml")) == {"lr": 0.1, "tags": ["a"]}
     edited = spec.model_copy(update={"command": "false"})
     artifacts.put_spec("0123abcd", edited)
-    assert RunSpec.model_validate(yaml.safe_load(artifacts.read_file("0123abcd", "spec.yaml"))) == edited
+    assert RunSpec.model_validate(yaml.safe_load(store.get("red/runs/0123abcd/spec.yaml"))) == edited
 
     folder = tmp_path / "elsewhere" / "job"          # a replica that did not take the submission
     artifacts.place_run_files("0123abcd", edited, folder)

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tessera.platform.clusters import LOCAL
 from tessera.platform.spec.run_spec import RunSpec, load_spec, parse_spec, validate_spec
 from tessera.platform.store.state import ALL_STATUSES
 
@@ -24,6 +25,11 @@ def run_statuses(status: str | Iterable[str] | None) -> tuple[str, ...] | None:
         if v not in ALL_STATUSES:
             raise ValueError(f"unknown run status {v!r}; use one of {', '.join(ALL_STATUSES)}")
     return out
+
+
+def cluster_of(spec: RunSpec, cluster: str | None = None) -> str:
+    """Where a submission goes: the cluster asked for, else the spec's, else the local one."""
+    return cluster or spec.compute.cluster or LOCAL
 
 
 def os_user() -> str | None:

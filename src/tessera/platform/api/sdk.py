@@ -20,9 +20,8 @@ from typing import Any
 from sqlalchemy import Engine
 
 from tessera.platform.api.cluster_verbs import ClusterVerbs
-from tessera.platform.api.inputs import as_spec, os_user, run_statuses
+from tessera.platform.api.inputs import as_spec, cluster_of, os_user, run_statuses
 from tessera.platform.api.models import PAGE, EventPage, RunPage
-from tessera.platform.clusters import LOCAL
 from tessera.platform.errors import (
     PlatformError,
     RunExists,
@@ -91,7 +90,7 @@ class Platform(ClusterVerbs):
         database decides between racing submissions of one name before any file is written (RunExists
         for the losers); the winner's folder holds the winner's spec."""
         spec = as_spec(spec)
-        cluster = cluster or spec.compute.cluster or LOCAL
+        cluster = cluster_of(spec, cluster)
         spec = spec.model_copy(update={"compute": spec.compute.model_copy(update={"cluster": cluster})})
         with one_reader(self.db.engine):    # the cluster and the secrets, one connection
             backend = self.backend(cluster)

@@ -20,8 +20,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from tessera.platform.clusters.base import LaunchRequest
 from tessera.platform.clusters.prelude_shell import prelude_script
 from tessera.platform.errors import ClusterError
@@ -71,7 +69,7 @@ def build_manifests(request: LaunchRequest, config: dict[str, Any]) -> list[dict
     volumes: list[dict[str, Any]] = [{"name": "parameters", "configMap": {"name": f"{name}-params"}}]
     mounts: list[dict[str, Any]] = [{"name": "parameters", "mountPath": "/etc/tessera", "readOnly": True}]
     objects.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "name": f"{name}-params"},
-                    "data": {"parameters.yaml": yaml.safe_dump(spec.parameters, sort_keys=False)}})
+                    "data": {"parameters.yaml": spec.parameters_yaml()}})
     if request.secret_env or request.secret_files:
         # Secret variables that name a file or folder on this machine (DOCKER_CONFIG, SECRET_PATH_X) must
         # name the same thing where the pod mounts it.

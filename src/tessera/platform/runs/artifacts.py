@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
-
 from tessera.platform.home import write_private
 from tessera.platform.runs.chunks import Chain
 from tessera.platform.spec.run_spec import RunSpec, validate_name
@@ -43,6 +41,11 @@ def open_root(url: str) -> Store:
     store = open_store(url)
     next(iter(store.list("", start_after="")), None)
     return store
+
+
+def run_files(spec: RunSpec) -> dict[str, bytes]:
+    """A run's files, by name: what its folder, its artifacts and the host that launches it hold."""
+    return {SPEC_FILE: spec.to_yaml().encode(), PARAMETERS_FILE: spec.parameters_yaml().encode()}
 
 
 def _index(value: int, what: str) -> int:
@@ -72,26 +75,18 @@ class ArtifactStore:
         """The spec and parameters of a run about to be launched the first time (each put is atomic: whole or
         absent)."""
         prefix = self.run_prefix(run_id)
-        self.store.put(prefix + PARAMETERS_FILE, yaml.safe_dump(spec.parameters, sort_keys=False).encode())
-        self.store.put(prefix + SPEC_FILE, spec.to_yaml().encode())
+        for name, data in run_files(spec).items():
+            self.store.put(prefix + name, data)
 
     def put_spec(self, run_id: str, spec: RunSpec) -> None:
         """An edited spec, replacing the old one whole."""
         self.store.put(self.run_prefix(run_id) + SPEC_FILE, spec.to_yaml().encode())
 
-    def read_file(self, run_id: str, name: str) -> bytes:
-        """spec.yaml or parameters.yaml of a run (NotFound if it has none)."""
-        if name not in (SPEC_FILE, PARAMETERS_FILE):
-            raise ValueError(f"a run's files are {SPEC_FILE} and {PARAMETERS_FILE}, not {name!r}")
-        return self.store.get(self.run_prefix(run_id) + name)
-
     def place_run_files(self, run_id: str, spec: RunSpec, folder: Path) -> None:
         """Make spec.yaml and parameters.yaml exist in a run's local folder on the host that launches it
         (its processes read TESSERA_PARAMETERS there), from the spec the store holds: a host that did not
         take the submission has no copy."""
-        files = {SPEC_FILE: spec.to_yaml().encode(),
-                 PARAMETERS_FILE: yaml.safe_dump(spec.parameters, sort_keys=False).encode()}
-        for name, data in files.items():
+        for name, data in run_files(spec).items():
             if not (folder / name).exists():
                 folder.mkdir(parents=True, exist_ok=True)
                 write_private(folder / name, data)

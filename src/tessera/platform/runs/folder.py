@@ -12,10 +12,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import yaml
-
 from tessera.platform.home import write_private
-from tessera.platform.runs.artifacts import ArtifactStore
+from tessera.platform.runs.artifacts import SPEC_FILE, ArtifactStore, run_files
 from tessera.platform.spec.run_spec import RunSpec
 
 OTHER_REPLICAS = ".replicated"   # runs/<this>/<run id>: runs another replica took the submission of
@@ -30,14 +28,14 @@ def write_run_folder(folder: Path, spec: RunSpec) -> None:
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    (folder / "spec.yaml").write_text(spec.to_yaml(), encoding="utf-8")
-    (folder / "parameters.yaml").write_text(yaml.safe_dump(spec.parameters, sort_keys=False), encoding="utf-8")
+    for name, data in run_files(spec).items():
+        (folder / name).write_bytes(data)
 
 
 def write_spec(folder: Path, spec: RunSpec, artifacts: ArtifactStore, run_id: str) -> None:
     """Replace a run's spec.yaml whole (an edited spec): a reader never sees half of it."""
     if folder.is_dir():
-        write_private(folder / "spec.yaml", spec.to_yaml().encode())
+        write_private(folder / SPEC_FILE, spec.to_yaml().encode())
     artifacts.put_spec(run_id, spec)
 
 

@@ -289,6 +289,10 @@ class RunSpec(_Model):
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False)
 
+    def parameters_yaml(self) -> str:
+        """parameters.yaml as every cluster gives it to the run (TESSERA_PARAMETERS), in the spec's order."""
+        return yaml.safe_dump(self.parameters, sort_keys=False)
+
 
 def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The model whose field list applies at `loc` (for did-you-mean on unknown keys)."""

@@ -9,7 +9,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
 
-from tessera.platform.api.inputs import as_spec
+from tessera.platform.api.inputs import as_spec, cluster_of
 from tessera.platform.api.models import (
     PAGE,
     CloneRun,
@@ -21,7 +21,6 @@ from tessera.platform.api.models import (
     UpdateRun,
 )
 from tessera.platform.api.sdk import Platform
-from tessera.platform.clusters import LOCAL
 from tessera.platform.runs.info import Run
 from tessera.platform.server.auth import CurrentUser, State, TeamPlatform
 from tessera.platform.server.params import Cursor, Limit, RunName, UserFilter
@@ -51,7 +50,7 @@ def _detail(platform: Platform, run: Run, *, new: bool = False) -> RunDetail:
 @router.post("", status_code=201)
 def submit_run(body: SubmitRun, who: CurrentUser, state: State, platform: TeamPlatform) -> RunDetail:
     spec = as_spec(body.spec)
-    cluster = body.cluster or spec.compute.cluster or LOCAL
+    cluster = cluster_of(spec, body.cluster)
     # the entry's detail known before the change: written once, in the change's own transaction
     with state.audit.change(who, "submit", spec.name, f"cluster {cluster}"):
         run = platform.create_run(spec, cluster=cluster, workdir=state.teams.home(who.team), user=who.user)
